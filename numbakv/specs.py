@@ -1,0 +1,46 @@
+"""The plain data the manager hands the worker side: picklable, with no references back into it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import numpy as np
+
+BlockHash = Hashable
+"""An opaque key naming one KV block's content (bytes or int in practice)."""
+
+MEDIUM_CPU = "CPU"
+
+
+@dataclass(frozen=True)
+class LoadStoreSpec:
+    """Host block ids of one transfer, in the order of the hashes they answer (int64, as kernels take it)."""
+
+    block_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.block_ids)
+
+    @staticmethod
+    def medium() -> str:
+        return MEDIUM_CPU
+
+
+@dataclass(frozen=True)
+class PrepareStoreOutput:
+    """What `prepare_store` decided: the hashes to write, where to write them, and what it evicted."""
+
+    block_hashes_to_store: list
+    store_spec: LoadStoreSpec
+    block_hashes_evicted: list
+
+
+@dataclass(frozen=True)
+class OffloadingEvent:
+    """Blocks that became ready (`removed=False`) or left the cache (`removed=True`)."""
+
+    block_hashes: list
+    block_size: int
+    medium: str
+    removed: bool
