@@ -1,0 +1,21 @@
+"""numbakv: a host-memory KV-cache tier for LLM inference.
+
+The manager side (this namespace) needs only NumPy; the GPU data path lives in `numbakv.datapath`
+and is imported only when used, so a scheduler process or the metrics sidecar never loads Numba.
+"""
+
+from numbakv.manager import CPUOffloadingManager, ManagerStats
+from numbakv.policies import POLICIES, BlockStatus, CachePolicy, resolve_policy
+from numbakv.specs import LoadStoreSpec, OffloadingEvent, PrepareStoreOutput
+
+__all__ = [
+    "POLICIES",
+    "BlockStatus",
+    "CPUOffloadingManager",
+    "CachePolicy",
+    "LoadStoreSpec",
+    "ManagerStats",
+    "OffloadingEvent",
+    "PrepareStoreOutput",
+    "resolve_policy",
+]

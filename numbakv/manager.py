@@ -1,0 +1,309 @@
+"""The offloading manager: which host slots hold which KV blocks, with vLLM's interface.
+
+It decides and hands out plain specs; it never touches a GPU (see ARCHITECTURE.md). Per block, every
+method costs a few dictionary operations, whatever the capacity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from numbakv.policies import BlockStatus, resolve_policy
+from numbakv.specs import (
+    MEDIUM_CPU,
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    PrepareStoreOutput,
+)
+
+
+@dataclass(frozen=True)
+class ManagerStats:
+    """Monotonic counters (blocks unless named otherwise) and current gauges, read in O(1)."""
+
+    lookups: int
+    hit_blocks: int
+    missed_blocks: int
+    evicted_blocks: int
+    stored_blocks: int
+    failed_store_blocks: int
+    loaded_blocks: int
+    stores_skipped: int
+    used: int
+    free: int
+    being_stored: int
+    being_read: int
+    capacity: int
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _hash_list(block_hashes: Iterable[BlockHash], argument: str = "block_hashes") -> Sequence:
+    """The hashes as a sequence; a lone str or bytes is refused, since it would iterate as keys."""
+    if isinstance(block_hashes, (list, tuple)):
+        return block_hashes
+    if isinstance(block_hashes, (str, bytes, bytearray)):
+        raise TypeError(
+            f"{argument} must be a sequence of block hashes, not a single {type(block_hashes).__name__}"
+        )
+    try:
+        return list(block_hashes)
+    except TypeError:
+        raise TypeError(
+            f"{argument} must be an iterable of block hashes, got {type(block_hashes).__name__}"
+        ) from None
+
+
+class CPUOffloadingManager:
+    """Tracks the host pool's blocks: lookups, loads and stores with ref counts, eviction and events.
+
+    A drop-in for vLLM's CPU offloading manager. Blocks being stored (not ready) or read by a load
+    are never evicted; an eviction either frees exactly what a store needs or changes nothing.
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        enable_events: bool = False,
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+    ) -> None:
+        self.block_size = _positive_int("block_size", block_size)
+        self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.store_threshold = _positive_int("store_threshold", store_threshold)
+        self.max_tracker_size = _positive_int("max_tracker_size", max_tracker_size)
+        self.policy_name = cache_policy
+        self._policy = resolve_policy(cache_policy)(self.num_blocks)
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        # How often lookup examined each recent hash; only kept when admission needs it.
+        self._sightings: OrderedDict[BlockHash, int] | None = (
+            OrderedDict() if self.store_threshold > 1 else None
+        )
+        self._lookups = self._hit_blocks = self._missed_blocks = 0
+        self._evicted_blocks = self._stored_blocks = self._failed_store_blocks = 0
+        self._loaded_blocks = self._stores_skipped = 0
+        self._reset_slots()
+
+    def _reset_slots(self) -> None:
+        # A stack whose top is slot 0, so a fresh pool hands out ascending ids.
+        self._free_slots: list[int] = list(range(self.num_blocks - 1, -1, -1))
+        self._num_idle = 0  # ready with ref_cnt 0: the only evictable blocks
+        self._num_being_stored = 0
+        self._num_being_read = 0
+
+    # --- lookups and loads ---
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        """How many hashes, from the first, are cached and ready. Changes no recency."""
+        hashes = _hash_list(block_hashes)
+        get = self._policy.get
+        hits = 0
+        for block_hash in hashes:
+            block = get(block_hash)
+            if block is None or block.ref_cnt < 0:
+                break
+            hits += 1
+        self._lookups += 1
+        self._hit_blocks += hits
+        self._missed_blocks += len(hashes) - hits
+        if self._sightings is not None:
+            self._record_sightings(hashes[: hits + 1])
+        return hits
+
+    def _record_sightings(self, examined: Sequence[BlockHash]) -> None:
+        sightings = self._sightings
+        for block_hash in examined:
+            count = sightings.get(block_hash)
+            if count is None:
+                if len(sightings) >= self.max_tracker_size:
+                    sightings.popitem(last=False)
+                sightings[block_hash] = 1
+            else:
+                sightings[block_hash] = count + 1
+                sightings.move_to_end(block_hash)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Mark the hashes as used now, the first as the most recent; unknown hashes are ignored."""
+        self._policy.touch(_hash_list(block_hashes))
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        """Pin every block for reading and say where it is; all must be cached and ready."""
+        hashes = _hash_list(block_hashes)
+        get = self._policy.get
+        blocks = [get(block_hash) for block_hash in hashes]
+        for position, (block_hash, block) in enumerate(zip(hashes, blocks)):
+            if block is None:
+                raise KeyError(
+                    f"prepare_load: block {block_hash!r} (position {position}) is not cached"
+                )
+            if block.ref_cnt < 0:
+                raise ValueError(
+                    f"prepare_load: block {block_hash!r} (position {position}) is still being stored"
+                )
+        newly_read = 0
+        for block in blocks:
+            if block.ref_cnt == 0:
+                newly_read += 1
+            block.ref_cnt += 1
+        self._num_idle -= newly_read
+        self._num_being_read += newly_read
+        self._loaded_blocks += len(blocks)
+        return LoadStoreSpec(np.array([block.block_id for block in blocks], dtype=np.int64))
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Release the pins of a finished load; every hash must be one being loaded."""
+        hashes = _hash_list(block_hashes)
+        get = self._policy.get
+        blocks = [get(block_hash) for block_hash in hashes]
+        released = 0
+        for position, (block_hash, block) in enumerate(zip(hashes, blocks)):
+            if block is None or block.ref_cnt <= 0:
+                for undone in blocks[:position]:
+                    undone.ref_cnt += 1
+                problem = KeyError if block is None else ValueError
+                state = "not cached" if block is None else "not being loaded"
+                raise problem(
+                    f"complete_load: block {block_hash!r} (position {position}) is {state}"
+                )
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released += 1
+        self._num_idle += released
+        self._num_being_read -= released
+
+    # --- stores ---
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        """Allocate host slots for the hashes not cached yet, evicting if needed.
+
+        Returns None, changing nothing, when not enough blocks can be evicted: only ready, idle
+        blocks not named in this call are victims.
+        """
+        hashes = _hash_list(block_hashes)
+        get = self._policy.get
+        to_store: list[BlockHash] = []
+        cached: list[BlockHash] = []
+        idle_cached = 0
+        for block_hash in dict.fromkeys(hashes):
+            block = get(block_hash)
+            if block is None:
+                to_store.append(block_hash)
+            else:
+                cached.append(block_hash)
+                idle_cached += block.ref_cnt == 0
+        if self._sightings is not None and to_store:
+            to_store = self._admitted(to_store)
+        if not to_store:
+            return PrepareStoreOutput([], LoadStoreSpec(), [])
+
+        free_slots = self._free_slots
+        shortfall = len(to_store) - len(free_slots)
+        evicted: list[BlockHash] = []
+        if shortfall > 0:
+            if shortfall > self._num_idle - idle_cached:
+                return None
+            for block_hash, block in self._policy.evict(shortfall, set(cached)):
+                evicted.append(block_hash)
+                free_slots.append(block.block_id)
+            self._num_idle -= shortfall
+            self._evicted_blocks += shortfall
+            self._emit(evicted, removed=True)
+
+        slots = free_slots[-len(to_store) :]
+        del free_slots[-len(to_store) :]
+        slots.reverse()
+        insert = self._policy.insert
+        for block_hash, slot in zip(to_store, slots):
+            insert(block_hash, BlockStatus(slot))
+        self._num_being_stored += len(to_store)
+        return PrepareStoreOutput(to_store, LoadStoreSpec(np.array(slots, dtype=np.int64)), evicted)
+
+    def _admitted(self, candidates: list[BlockHash]) -> list[BlockHash]:
+        sightings, threshold = self._sightings, self.store_threshold
+        admitted = [h for h in candidates if sightings.get(h, 0) >= threshold]
+        self._stores_skipped += len(candidates) - len(admitted)
+        return admitted
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        """Make stored blocks ready, or on failure drop them and free their slots.
+
+        Only blocks still being stored are affected; ready and unknown hashes are ignored.
+        """
+        get = self._policy.get
+        pending = []
+        for block_hash in _hash_list(block_hashes):
+            block = get(block_hash)
+            if block is not None and block.ref_cnt < 0:
+                if success:
+                    block.ref_cnt = 0
+                else:
+                    self._policy.remove(block_hash)
+                    self._free_slots.append(block.block_id)
+                pending.append(block_hash)
+        self._num_being_stored -= len(pending)
+        if success:
+            self._num_idle += len(pending)
+            self._stored_blocks += len(pending)
+            self._emit(pending, removed=False)
+        else:
+            self._failed_store_blocks += len(pending)
+
+    # --- events, reset and stats ---
+
+    def _emit(self, block_hashes: list[BlockHash], removed: bool) -> None:
+        if self._events is not None and block_hashes:
+            self._events.append(OffloadingEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
+
+    def take_events(self) -> Iterator[OffloadingEvent]:
+        """Yield the pending events in order, then clear them; none when events are disabled."""
+        if self._events is not None:
+            yield from self._events
+            self._events.clear()
+
+    def reset_cache(self) -> None:
+        """Forget every block, ghost, sighting and pending event; counters keep counting.
+
+        The caller must not complete transfers begun before the reset.
+        """
+        self._policy.clear()
+        self._reset_slots()
+        if self._sightings is not None:
+            self._sightings.clear()
+        if self._events is not None:
+            self._events.clear()
+
+    def stats(self) -> ManagerStats:
+        """Counters and gauges for metrics, in O(1)."""
+        free = len(self._free_slots)
+        return ManagerStats(
+            lookups=self._lookups,
+            hit_blocks=self._hit_blocks,
+            missed_blocks=self._missed_blocks,
+            evicted_blocks=self._evicted_blocks,
+            stored_blocks=self._stored_blocks,
+            failed_store_blocks=self._failed_store_blocks,
+            loaded_blocks=self._loaded_blocks,
+            stores_skipped=self._stores_skipped,
+            used=self.num_blocks - free,
+            free=free,
+            being_stored=self._num_being_stored,
+            being_read=self._num_being_read,
+            capacity=self.num_blocks,
+        )
+
+    def policy_stats(self) -> dict[str, float]:
+        """The policy's own gauges (ARC: target p and list sizes)."""
+        return self._policy.stats()
