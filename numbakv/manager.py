@@ -204,9 +204,14 @@ class CPUOffloadingManager:
             else:
                 cached.append(block_hash)
                 idle_cached += block.ref_cnt == 0
+        skipped = 0
         if self._sightings is not None and to_store:
-            to_store = self._admitted(to_store)
+            sightings, threshold = self._sightings, self.store_threshold
+            admitted = [h for h in to_store if sightings.get(h, 0) >= threshold]
+            skipped = len(to_store) - len(admitted)
+            to_store = admitted
         if not to_store:
+            self._stores_skipped += skipped
             return PrepareStoreOutput([], LoadStoreSpec(), [])
 
         free_slots = self._free_slots
@@ -229,13 +234,8 @@ class CPUOffloadingManager:
         for block_hash, slot in zip(to_store, slots):
             insert(block_hash, BlockStatus(slot))
         self._num_being_stored += len(to_store)
+        self._stores_skipped += skipped
         return PrepareStoreOutput(to_store, LoadStoreSpec(np.array(slots, dtype=np.int64)), evicted)
-
-    def _admitted(self, candidates: list[BlockHash]) -> list[BlockHash]:
-        sightings, threshold = self._sightings, self.store_threshold
-        admitted = [h for h in candidates if sightings.get(h, 0) >= threshold]
-        self._stores_skipped += len(candidates) - len(admitted)
-        return admitted
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         """Make stored blocks ready, or on failure drop them and free their slots.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import numpy as np
 
@@ -13,7 +13,7 @@ BlockHash = Hashable
 MEDIUM_CPU = "CPU"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadStoreSpec:
     """Host block ids of one transfer, in the order of the hashes they answer (int64, as kernels take it)."""
 
@@ -21,6 +21,13 @@ class LoadStoreSpec:
 
     def __len__(self) -> int:
         return len(self.block_ids)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LoadStoreSpec):
+            return NotImplemented
+        return np.array_equal(self.block_ids, other.block_ids)
+
+    __hash__ = None  # mutable array inside: not hashable
 
     @staticmethod
     def medium() -> str:

@@ -56,5 +56,4 @@ def _parse_chain(line: str, where: str) -> list[int]:
 def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> None:
     """Write requests as a Mooncake-format jsonl file."""
     with open(path, "w", encoding="utf-8") as out:
-        for request in requests:
-            out.write(json.dumps(asdict(request)) + "\n")
+        out.writelines(json.dumps(asdict(request)) + "\n" for request in requests)
