@@ -5,12 +5,11 @@ and is imported only when used, so a scheduler process or the metrics sidecar ne
 """
 
 from numbakv.manager import CPUOffloadingManager, ManagerStats
-from numbakv.policies import POLICIES, BlockStatus, CachePolicy, resolve_policy
+from numbakv.policies import POLICIES, CachePolicy, resolve_policy
 from numbakv.specs import LoadStoreSpec, OffloadingEvent, PrepareStoreOutput
 
 __all__ = [
     "POLICIES",
-    "BlockStatus",
     "CPUOffloadingManager",
     "CachePolicy",
     "LoadStoreSpec",

@@ -1,18 +1,19 @@
 """The offloading manager: which host slots hold which KV blocks, with vLLM's interface.
 
 It decides and hands out plain specs; it never touches a GPU (see ARCHITECTURE.md). Per block, every
-method costs a few dictionary operations, whatever the capacity.
+method costs a few dictionary operations, whatever the capacity: an eviction scans past only the
+blocks it may not evict (being stored, being read, named in the call), never the whole cache.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.policies import BlockStatus, resolve_policy
+from numbakv.policies import NOT_READY, resolve_policy
 from numbakv.specs import (
     MEDIUM_CPU,
     BlockHash,
@@ -86,7 +87,9 @@ class CPUOffloadingManager:
         self.store_threshold = _positive_int("store_threshold", store_threshold)
         self.max_tracker_size = _positive_int("max_tracker_size", max_tracker_size)
         self.policy_name = cache_policy
-        self._policy = resolve_policy(cache_policy)(self.num_blocks)
+        # Reader count of each host slot, by block id; free slots and blocks being stored hold -1.
+        self._ref_counts = [NOT_READY] * self.num_blocks
+        self._policy = resolve_policy(cache_policy)(self.num_blocks, self._ref_counts)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # How often lookup examined each recent hash; only kept when admission needs it.
         self._sightings: OrderedDict[BlockHash, int] | None = (
@@ -100,7 +103,8 @@ class CPUOffloadingManager:
     def _reset_slots(self) -> None:
         # A stack whose top is slot 0, so a fresh pool hands out ascending ids.
         self._free_slots: list[int] = list(range(self.num_blocks - 1, -1, -1))
-        self._num_idle = 0  # ready with ref_cnt 0: the only evictable blocks
+        self._ref_counts[:] = [NOT_READY] * self.num_blocks
+        self._num_idle = 0  # ready with ref count 0: the only evictable blocks
         self._num_being_stored = 0
         self._num_being_read = 0
 
@@ -109,11 +113,11 @@ class CPUOffloadingManager:
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         """How many hashes, from the first, are cached and ready. Changes no recency."""
         hashes = _hash_list(block_hashes)
-        get = self._policy.get
+        get, ref_counts = self._policy.get, self._ref_counts
         hits = 0
         for block_hash in hashes:
-            block = get(block_hash)
-            if block is None or block.ref_cnt < 0:
+            block_id = get(block_hash)
+            if block_id is None or ref_counts[block_id] < 0:
                 break
             hits += 1
         self._lookups += 1
@@ -142,45 +146,43 @@ class CPUOffloadingManager:
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         """Pin every block for reading and say where it is; all must be cached and ready."""
         hashes = _hash_list(block_hashes)
-        get = self._policy.get
-        blocks = [get(block_hash) for block_hash in hashes]
-        for position, (block_hash, block) in enumerate(zip(hashes, blocks)):
-            if block is None:
+        get, ref_counts = self._policy.get, self._ref_counts
+        block_ids = [get(block_hash) for block_hash in hashes]
+        for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
+            if block_id is None:
                 raise KeyError(
                     f"prepare_load: block {block_hash!r} (position {position}) is not cached"
                 )
-            if block.ref_cnt < 0:
+            if ref_counts[block_id] < 0:
                 raise ValueError(
                     f"prepare_load: block {block_hash!r} (position {position}) is still being stored"
                 )
         newly_read = 0
-        for block in blocks:
-            if block.ref_cnt == 0:
-                newly_read += 1
-            block.ref_cnt += 1
+        for block_id in block_ids:
+            newly_read += ref_counts[block_id] == 0
+            ref_counts[block_id] += 1
         self._num_idle -= newly_read
         self._num_being_read += newly_read
-        self._loaded_blocks += len(blocks)
-        return LoadStoreSpec(np.array([block.block_id for block in blocks], dtype=np.int64))
+        self._loaded_blocks += len(block_ids)
+        return LoadStoreSpec(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         """Release the pins of a finished load; every hash must be one being loaded."""
         hashes = _hash_list(block_hashes)
-        get = self._policy.get
-        blocks = [get(block_hash) for block_hash in hashes]
+        get, ref_counts = self._policy.get, self._ref_counts
+        block_ids = [get(block_hash) for block_hash in hashes]
         released = 0
-        for position, (block_hash, block) in enumerate(zip(hashes, blocks)):
-            if block is None or block.ref_cnt <= 0:
-                for undone in blocks[:position]:
-                    undone.ref_cnt += 1
-                problem = KeyError if block is None else ValueError
-                state = "not cached" if block is None else "not being loaded"
+        for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
+            if block_id is None or ref_counts[block_id] <= 0:
+                for undone in block_ids[:position]:
+                    ref_counts[undone] += 1
+                problem = KeyError if block_id is None else ValueError
+                state = "not cached" if block_id is None else "not being loaded"
                 raise problem(
                     f"complete_load: block {block_hash!r} (position {position}) is {state}"
                 )
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                released += 1
+            ref_counts[block_id] -= 1
+            released += ref_counts[block_id] == 0
         self._num_idle += released
         self._num_being_read -= released
 
@@ -194,16 +196,9 @@ class CPUOffloadingManager:
         """
         hashes = _hash_list(block_hashes)
         get = self._policy.get
-        to_store: list[BlockHash] = []
-        cached: list[BlockHash] = []
-        idle_cached = 0
-        for block_hash in dict.fromkeys(hashes):
-            block = get(block_hash)
-            if block is None:
-                to_store.append(block_hash)
-            else:
-                cached.append(block_hash)
-                idle_cached += block.ref_cnt == 0
+        unique = dict.fromkeys(hashes)
+        to_store = [block_hash for block_hash in unique if get(block_hash) is None]
+        named_cached = len(to_store) < len(unique)
         skipped = 0
         if self._sightings is not None and to_store:
             sightings, threshold = self._sightings, self.store_threshold
@@ -218,54 +213,70 @@ class CPUOffloadingManager:
         shortfall = len(to_store) - len(free_slots)
         evicted: list[BlockHash] = []
         if shortfall > 0:
-            if shortfall > self._num_idle - idle_cached:
+            evicted = self._evict(shortfall, unique if named_cached else ())
+            if evicted is None:
                 return None
-            for block_hash, block in self._policy.evict(shortfall, set(cached)):
-                evicted.append(block_hash)
-                free_slots.append(block.block_id)
-            self._num_idle -= shortfall
-            self._evicted_blocks += shortfall
-            self._emit(evicted, removed=True)
-
         slots = free_slots[-len(to_store) :]
         del free_slots[-len(to_store) :]
         slots.reverse()
-        insert = self._policy.insert
-        for block_hash, slot in zip(to_store, slots):
-            insert(block_hash, BlockStatus(slot))
+        self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
         self._stores_skipped += skipped
         return PrepareStoreOutput(to_store, LoadStoreSpec(np.array(slots, dtype=np.int64)), evicted)
+
+    def _evict(self, shortfall: int, named: Collection[BlockHash]) -> list[BlockHash] | None:
+        """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot."""
+        if shortfall > self._num_idle:  # fail fast, without looking at any block
+            return None
+        get, ref_counts = self._policy.get, self._ref_counts
+        protected = {h: block_id for h in named if (block_id := get(h)) is not None}
+        idle_protected = sum(ref_counts[block_id] == 0 for block_id in protected.values())
+        if shortfall > self._num_idle - idle_protected:
+            return None
+        evicted, freed = zip(*self._policy.evict(shortfall, protected.keys()))
+        for block_id in freed:
+            ref_counts[block_id] = NOT_READY
+        self._free_slots += freed
+        self._num_idle -= shortfall
+        self._evicted_blocks += shortfall
+        evicted = list(evicted)
+        if self._events is not None:
+            self._emit(evicted, removed=True)
+        return evicted
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         """Make stored blocks ready, or on failure drop them and free their slots.
 
         Only blocks still being stored are affected; ready and unknown hashes are ignored.
         """
-        get = self._policy.get
-        pending = []
-        for block_hash in _hash_list(block_hashes):
-            block = get(block_hash)
-            if block is not None and block.ref_cnt < 0:
-                if success:
-                    block.ref_cnt = 0
-                else:
-                    self._policy.remove(block_hash)
-                    self._free_slots.append(block.block_id)
-                pending.append(block_hash)
+        hashes = dict.fromkeys(_hash_list(block_hashes))
+        ref_counts = self._ref_counts
+        pending = [
+            (block_hash, block_id)
+            for block_hash, block_id in zip(hashes, map(self._policy.get, hashes))
+            if block_id is not None and ref_counts[block_id] < 0
+        ]
+        if not pending:
+            return
+        finished, block_ids = zip(*pending)
         self._num_being_stored -= len(pending)
         if success:
+            for block_id in block_ids:
+                ref_counts[block_id] = 0
             self._num_idle += len(pending)
             self._stored_blocks += len(pending)
-            self._emit(pending, removed=False)
+            if self._events is not None:
+                self._emit(list(finished), removed=False)
         else:
+            for block_hash in finished:
+                self._policy.remove(block_hash)
+            self._free_slots += block_ids
             self._failed_store_blocks += len(pending)
 
     # --- events, reset and stats ---
 
     def _emit(self, block_hashes: list[BlockHash], removed: bool) -> None:
-        if self._events is not None and block_hashes:
-            self._events.append(OffloadingEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
+        self._events.append(OffloadingEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
 
     def take_events(self) -> Iterator[OffloadingEvent]:
         """Yield the pending events in order, then clear them; none when events are disabled."""

@@ -13,7 +13,7 @@ BlockHash = Hashable
 MEDIUM_CPU = "CPU"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class LoadStoreSpec:
     """Host block ids of one transfer, in the order of the hashes they answer (int64, as kernels take it)."""
 
@@ -34,7 +34,7 @@ class LoadStoreSpec:
         return MEDIUM_CPU
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PrepareStoreOutput:
     """What `prepare_store` decided: the hashes to write, where to write them, and what it evicted."""
 
@@ -43,7 +43,7 @@ class PrepareStoreOutput:
     block_hashes_evicted: list
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OffloadingEvent:
     """Blocks that became ready (`removed=False`) or left the cache (`removed=True`)."""
 

@@ -61,4 +61,6 @@ def test_arc_lists_and_target_match_the_plain_implementation(seed):
             real.complete_load(batch)
             model.complete_load(batch)
         assert arc_state(real) == model.policy.state()
-    assert ghost_hits > 50 and pinned_evictions_refused > 0  # the trace reached the interesting paths
+    assert (
+        ghost_hits > 50 and pinned_evictions_refused > 0
+    )  # the trace reached the interesting paths

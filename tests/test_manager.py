@@ -23,7 +23,9 @@ def stored(manager, hashes):
 
 @pytest.fixture(params=sorted(POLICIES))
 def manager(request):
-    return CPUOffloadingManager(block_size=16, num_blocks=4, cache_policy=request.param, enable_events=True)
+    return CPUOffloadingManager(
+        block_size=16, num_blocks=4, cache_policy=request.param, enable_events=True
+    )
 
 
 @pytest.mark.parametrize(
@@ -34,10 +36,22 @@ def manager(request):
         ({"block_size": 16, "num_blocks": 4.0}, TypeError, "num_blocks"),
         ({"block_size": True, "num_blocks": 4}, TypeError, "block_size"),
         ({"block_size": 16, "num_blocks": 4, "store_threshold": 0}, ValueError, "store_threshold"),
-        ({"block_size": 16, "num_blocks": 4, "max_tracker_size": -1}, ValueError, "max_tracker_size"),
+        (
+            {"block_size": 16, "num_blocks": 4, "max_tracker_size": -1},
+            ValueError,
+            "max_tracker_size",
+        ),
         ({"block_size": 16, "num_blocks": 4, "cache_policy": "mru"}, ValueError, "'arc', 'lru'"),
-        ({"block_size": 16, "num_blocks": 4, "cache_policy": "no.such.module:X"}, ValueError, "no.such"),
-        ({"block_size": 16, "num_blocks": 4, "cache_policy": "numbakv.specs:LoadStoreSpec"}, TypeError, "CachePolicy"),
+        (
+            {"block_size": 16, "num_blocks": 4, "cache_policy": "no.such.module:X"},
+            ValueError,
+            "no.such",
+        ),
+        (
+            {"block_size": 16, "num_blocks": 4, "cache_policy": "numbakv.specs:LoadStoreSpec"},
+            TypeError,
+            "CachePolicy",
+        ),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, error, word):
@@ -109,7 +123,9 @@ def test_failed_prepare_store_changes_nothing(manager):
     before = (manager.stats(), manager.policy_stats(), list(manager.take_events()))
     assert manager.prepare_store([5, 6]) is None
     assert (manager.stats(), manager.policy_stats(), list(manager.take_events())) == (
-        before[0], before[1], []
+        before[0],
+        before[1],
+        [],
     )
     assert manager.lookup([1, 2, 3, 4]) == 4
 
@@ -168,7 +184,9 @@ def test_complete_store_ignores_unknown_and_ready_hashes(manager):
     assert manager.stats().stored_blocks == 1
 
 
-@pytest.mark.parametrize("method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store"])
+@pytest.mark.parametrize(
+    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store"]
+)
 @pytest.mark.parametrize("bad", [b"\x01\x02", "ab", 7])
 def test_a_lone_hash_instead_of_a_list_is_refused(manager, method, bad):
     with pytest.raises(TypeError, match="block_hashes"):
@@ -224,7 +242,10 @@ def test_stats_counts_lookups_hits_and_misses(manager):
 
 def test_specs_and_events_are_picklable(manager):
     output = stored(manager, [1, 2])
-    assert pickle.loads(pickle.dumps(output)).store_spec.block_ids.tolist() == output.store_spec.block_ids.tolist()
+    assert (
+        pickle.loads(pickle.dumps(output)).store_spec.block_ids.tolist()
+        == output.store_spec.block_ids.tolist()
+    )
     event = next(manager.take_events())
     assert pickle.loads(pickle.dumps(event)) == event
 
@@ -232,15 +253,15 @@ def test_specs_and_events_are_picklable(manager):
 class MostRecentFirst(CachePolicy):
     """A policy from outside numbakv, loaded by import path."""
 
-    def __init__(self, capacity):
-        super().__init__(capacity)
+    def __init__(self, capacity, ref_counts):
+        super().__init__(capacity, ref_counts)
         self.blocks = {}
 
     def get(self, block_hash):
         return self.blocks.get(block_hash)
 
-    def insert(self, block_hash, block):
-        self.blocks[block_hash] = block
+    def insert(self, block_hashes, block_ids):
+        self.blocks.update(zip(block_hashes, block_ids))
 
     def remove(self, block_hash):
         del self.blocks[block_hash]
@@ -249,10 +270,13 @@ class MostRecentFirst(CachePolicy):
         pass
 
     def evict(self, n, protected):
-        victims = [(h, b) for h, b in reversed(self.blocks.items()) if b.ref_cnt == 0 and h not in protected][:n]
-        for h, _ in victims:
+        newest_first = reversed(self.blocks.items())
+        victims = [
+            (h, b) for h, b in newest_first if self.ref_counts[b] == 0 and h not in protected
+        ]
+        for h, _ in victims[:n]:
             del self.blocks[h]
-        return victims
+        return victims[:n]
 
     def clear(self):
         self.blocks.clear()

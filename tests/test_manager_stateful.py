@@ -15,11 +15,10 @@ HASH_LISTS = st.lists(HASHES, max_size=6)
 
 
 def resident_blocks(manager: CPUOffloadingManager) -> dict:
-    """hash -> BlockStatus of every cached block, whatever the policy keeps them in."""
+    """hash -> (block id, ref count) of every cached block, whatever the policy keeps them in."""
     policy = manager._policy
-    if manager.policy_name == "lru":
-        return dict(policy._blocks)
-    return {**policy.t1, **policy.t2}
+    blocks = policy._blocks if manager.policy_name == "lru" else {**policy.t1, **policy.t2}
+    return {h: (block_id, manager._ref_counts[block_id]) for h, block_id in blocks.items()}
 
 
 def policy_state(manager: CPUOffloadingManager):
@@ -30,9 +29,8 @@ def policy_state(manager: CPUOffloadingManager):
 
 
 def snapshot(manager: CPUOffloadingManager):
-    blocks = resident_blocks(manager)
     return (
-        {h: (b.block_id, b.ref_cnt) for h, b in blocks.items()},
+        resident_blocks(manager),
         policy_state(manager),
         sorted(manager._free_slots),
         manager.stats(),
@@ -79,7 +77,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def prepare_store(self, hashes):
         before = snapshot(self.real)
         loading = {h for batch in self.in_flight_loads for h in batch}
-        not_ready = {h for h, b in resident_blocks(self.real).items() if b.ref_cnt < 0}
+        not_ready = {h for h, (_, ref) in resident_blocks(self.real).items() if ref < 0}
         output = self.real.prepare_store(hashes)
         expected = self.model.prepare_store(hashes)
         if expected is None:
@@ -92,7 +90,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert not set(evicted) & (loading | not_ready | set(hashes))
         ids = output.store_spec.block_ids
         assert ids.dtype.name == "int64" and len(ids) == len(to_store)
-        assert [resident_blocks(self.real)[h].block_id for h in to_store] == ids.tolist()
+        assert [resident_blocks(self.real)[h][0] for h in to_store] == ids.tolist()
         if to_store:
             self.in_flight_stores.append(to_store)
 
@@ -120,7 +118,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         spec = self.real.prepare_load(hashes)
         blocks = resident_blocks(self.real)
-        assert spec.block_ids.tolist() == [blocks[h].block_id for h in hashes]
+        assert spec.block_ids.tolist() == [blocks[h][0] for h in hashes]
         if hashes:
             self.in_flight_loads.append(hashes)
 
@@ -170,14 +168,16 @@ class ManagerMachine(RuleBasedStateMachine):
         blocks = resident_blocks(self.real)
         capacity = self.real.num_blocks
         assert len(blocks) <= capacity
-        ids = [b.block_id for b in blocks.values()]
+        ids = [block_id for block_id, _ in blocks.values()]
         assert len(set(ids)) == len(ids), "a host id is owned by two hashes"
         assert all(0 <= i < capacity for i in ids)
         assert not set(ids) & set(self.real._free_slots)
         assert len(self.real._free_slots) + len(blocks) == capacity
-        refs = [b.ref_cnt for b in blocks.values()]
+        refs = [ref for _, ref in blocks.values()]
         assert min(refs, default=0) >= -1
-        assert {h: b.ref_cnt for h, b in blocks.items()} == self.model.ref
+        assert {h: ref for h, (_, ref) in blocks.items()} == self.model.ref
+        free_refs = {self.real._ref_counts[slot] for slot in self.real._free_slots}
+        assert free_refs <= {-1}, "a free slot must hold NOT_READY"
         assert policy_state(self.real) == self.model.policy.state()
         stats = self.real.stats()
         assert stats.used + stats.free == capacity == stats.capacity

@@ -10,7 +10,9 @@ import pytest
 from numbakv.replay import main, replay
 from numbakv.traces import TraceRequest, read_hash_chains, write_trace
 
-SHARED_TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_conversation.jsonl"
+SHARED_TRACE = (
+    Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_conversation.jsonl"
+)
 
 
 @pytest.fixture
@@ -86,7 +88,9 @@ def test_malformed_lines_are_named_by_file_and_number(tmp_path, line, message, c
 def test_module_entry_point_runs(small_trace):
     done = subprocess.run(
         [sys.executable, "-m", "numbakv.replay", str(small_trace), "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert json.loads(done.stdout.splitlines()[-1])["hits"] == 9
 

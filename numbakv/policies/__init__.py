@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from numbakv.policies.arc import ARCPolicy
-from numbakv.policies.base import BlockStatus, CachePolicy
+from numbakv.policies.base import NOT_READY, CachePolicy
 from numbakv.policies.lru import LRUPolicy
 
 POLICIES: dict[str, type[CachePolicy]] = {
@@ -35,4 +35,4 @@ def resolve_policy(name: str) -> type[CachePolicy]:
     return policy
 
 
-__all__ = ["POLICIES", "ARCPolicy", "BlockStatus", "CachePolicy", "LRUPolicy", "resolve_policy"]
+__all__ = ["NOT_READY", "POLICIES", "ARCPolicy", "CachePolicy", "LRUPolicy", "resolve_policy"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
-from numbakv.policies.base import BlockStatus, CachePolicy, idle_victims
+from numbakv.policies.base import CachePolicy, first_idle
 from numbakv.specs import BlockHash
 
 
@@ -17,22 +18,23 @@ class ARCPolicy(CachePolicy):
     so the split adapts to the workload without a knob.
     """
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
+        super().__init__(capacity, ref_counts)
         self.p = 0.0
-        self.t1: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
-        self.t2: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        self.t1: OrderedDict[BlockHash, int] = OrderedDict()
+        self.t2: OrderedDict[BlockHash, int] = OrderedDict()
         self.b1: OrderedDict[BlockHash, None] = OrderedDict()
         self.b2: OrderedDict[BlockHash, None] = OrderedDict()
 
-    def get(self, block_hash: BlockHash) -> BlockStatus | None:
-        block = self.t1.get(block_hash)
-        return block if block is not None else self.t2.get(block_hash)
+    def get(self, block_hash: BlockHash) -> int | None:
+        block_id = self.t1.get(block_hash)
+        return block_id if block_id is not None else self.t2.get(block_hash)
 
-    def insert(self, block_hash: BlockHash, block: BlockStatus) -> None:
-        self.t1[block_hash] = block
-        self.b1.pop(block_hash, None)
-        self.b2.pop(block_hash, None)
+    def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
+        self.t1.update(zip(block_hashes, block_ids))
+        for block_hash in block_hashes:
+            self.b1.pop(block_hash, None)
+            self.b2.pop(block_hash, None)
 
     def remove(self, block_hash: BlockHash) -> None:
         if self.t1.pop(block_hash, None) is None:
@@ -41,10 +43,11 @@ class ARCPolicy(CachePolicy):
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         for block_hash in reversed(block_hashes):
-            block = t1.pop(block_hash, None)
-            if block is not None:
+            block_id = t1.pop(block_hash, None)
+            if block_id is not None:
                 # A block whose store is still in flight has not really been seen twice.
-                (t2 if block.is_ready else t1)[block_hash] = block
+                ready = self.ref_counts[block_id] >= 0
+                (t2 if ready else t1)[block_hash] = block_id
             elif block_hash in t2:
                 t2.move_to_end(block_hash)
             elif block_hash in b1:
@@ -54,39 +57,26 @@ class ARCPolicy(CachePolicy):
                 self.p = max(self.p - max(1.0, len(b1) / len(b2)), 0.0)
                 b2.move_to_end(block_hash)
 
-    def evict(
-        self, n: int, protected: Collection[BlockHash]
-    ) -> list[tuple[BlockHash, BlockStatus]]:
-        # Victims come one at a time, as if the earlier ones were already gone: from T1 while what
-        # remains of it is at least floor(p), else from T2, each side falling back on the other.
-        from_t1 = idle_victims(self.t1.items(), protected)
-        from_t2 = idle_victims(self.t2.items(), protected)
-        target_t1 = int(self.p)
-        remaining_t1 = len(self.t1)
-        chosen_t1: list[tuple[BlockHash, BlockStatus]] = []
-        chosen_t2: list[tuple[BlockHash, BlockStatus]] = []
-        victims: list[tuple[BlockHash, BlockStatus]] = []
-        for _ in range(n):
-            sides = (from_t1, from_t2) if remaining_t1 >= target_t1 else (from_t2, from_t1)
-            for side in sides:
-                victim = next(side, None)
-                if victim is not None:
-                    break
-            if side is from_t1:
-                chosen_t1.append(victim)
-                remaining_t1 -= 1
-            else:
-                chosen_t2.append(victim)
-            victims.append(victim)
-        # Lists change only now: the generators above walk them.
-        self._retire(chosen_t1, self.t1, self.b1)
-        self._retire(chosen_t2, self.t2, self.b2)
-        return victims
+    def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
+        # Victims come one at a time, as if the earlier ones were gone: from T1 while what remains
+        # of it is at least floor(p), so the first len(T1) - floor(p) + 1 may come from T1; the
+        # rest from T2, and from T1 again if T2 runs short.
+        t1_first = max(0, min(n, len(self.t1) - int(self.p) + 1))
+        from_t1 = first_idle(self.t1.items(), self.ref_counts, protected, t1_first)
+        from_t2 = first_idle(self.t2.items(), self.ref_counts, protected, n - len(from_t1))
+        missing = n - len(from_t1) - len(from_t2)
+        if missing:
+            from_t1 = first_idle(
+                self.t1.items(), self.ref_counts, protected, len(from_t1) + missing
+            )
+        self._retire(from_t1, self.t1, self.b1)
+        self._retire(from_t2, self.t2, self.b2)
+        return from_t1[:t1_first] + from_t2 + from_t1[t1_first:]
 
     def _retire(
         self,
-        victims: list[tuple[BlockHash, BlockStatus]],
-        resident: OrderedDict[BlockHash, BlockStatus],
+        victims: list[tuple[BlockHash, int]],
+        resident: OrderedDict[BlockHash, int],
         ghosts: OrderedDict[BlockHash, None],
     ) -> None:
         for block_hash, _ in victims:

@@ -4,48 +4,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from numbakv.specs import BlockHash
 
-
-class BlockStatus:
-    """One cached block: its host slot and its reader count.
-
-    `ref_cnt` is -1 while the block is being stored (not ready), 0 when ready and idle, and n > 0
-    while n loads read it. Only ready, idle blocks may be evicted.
-    """
-
-    __slots__ = ("block_id", "ref_cnt")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = -1
-
-    @property
-    def is_ready(self) -> bool:
-        return self.ref_cnt >= 0
-
-    def __repr__(self) -> str:
-        return f"BlockStatus(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
+NOT_READY = -1
+"""`ref_counts[block_id]` of a block being stored (and of a free slot)."""
 
 
 class CachePolicy(ABC):
     """Organises the cached blocks and chooses eviction victims; the manager does the rest.
 
-    A policy owns the map from hash to `BlockStatus` (so it can keep it in its own order) but never
-    changes a status: the manager sets ref counts and frees slots.
+    A policy maps each cached hash to its host block id and keeps them in its own order. The
+    manager owns `ref_counts`, indexed by block id: -1 while a block is being stored, 0 when it is
+    ready and idle, n > 0 while n loads read it. A policy reads it and never writes it.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         self.capacity = capacity
+        self.ref_counts = ref_counts
 
     @abstractmethod
-    def get(self, block_hash: BlockHash) -> BlockStatus | None:
-        """The cached block of this hash, or None. Changes no recency."""
+    def get(self, block_hash: BlockHash) -> int | None:
+        """The block id of this hash, or None if it is not cached. Changes no recency."""
 
     @abstractmethod
-    def insert(self, block_hash: BlockHash, block: BlockStatus) -> None:
-        """Add a new block (not ready yet); the hash is not cached."""
+    def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
+        """Add new blocks (not ready yet), in order; none of the hashes is cached."""
 
     @abstractmethod
     def remove(self, block_hash: BlockHash) -> None:
@@ -59,10 +44,8 @@ class CachePolicy(ABC):
         """
 
     @abstractmethod
-    def evict(
-        self, n: int, protected: Collection[BlockHash]
-    ) -> list[tuple[BlockHash, BlockStatus]]:
-        """Remove and return n victims, each ready, idle (ref_cnt 0) and not in `protected`.
+    def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
+        """Remove and return n (hash, block id) victims: idle (ref count 0) and not `protected`.
 
         The manager calls this only when at least n such blocks exist.
         """
@@ -80,12 +63,18 @@ class CachePolicy(ABC):
         return {}
 
 
-def idle_victims(
-    blocks: Iterable[tuple[BlockHash, BlockStatus]], protected: Collection[BlockHash]
-) -> Iterable[tuple[BlockHash, BlockStatus]]:
-    """The evictable entries of `blocks`, in their order: ready, idle and not protected."""
-    return (
-        (block_hash, block)
-        for block_hash, block in blocks
-        if block.ref_cnt == 0 and block_hash not in protected
-    )
+def first_idle(
+    entries: Iterable[tuple[BlockHash, int]],
+    ref_counts: Sequence[int],
+    protected: Collection[BlockHash],
+    n: int,
+) -> list[tuple[BlockHash, int]]:
+    """Up to n evictable entries, in the order given: idle and not protected."""
+    victims = []
+    if n > 0:
+        for block_hash, block_id in entries:
+            if ref_counts[block_id] == 0 and block_hash not in protected:
+                victims.append((block_hash, block_id))
+                if len(victims) == n:
+                    break
+    return victims

@@ -1,0 +1,180 @@
+"""Manager cost per block and per cached block, and replay time against a bare LRU loop.
+
+    python benchmarks/manager_ops.py [--capacities 10000,100000,1000000] [--out results/manager_ops.json]
+
+Prints three tables and writes them as JSON. Targets (2-core machine): every operation <= 1 us per
+block at 1M blocks, <= 200 bytes per cached block, and a replay no more than 2x a bare OrderedDict
+LRU loop that keeps no ref counts, events or specs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import tracemalloc
+from collections import OrderedDict
+from pathlib import Path
+
+from numbakv import POLICIES, CPUOffloadingManager
+from numbakv.traces import read_hash_chains
+from numbakv.workloads import multi_turn_chat
+
+CHAIN = 32  # blocks per call, about one 16k-token prompt of 512-token blocks
+SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation.jsonl"
+
+
+def chains_of(first: int, count: int) -> list[list[int]]:
+    return [
+        list(range(start, min(start + CHAIN, first + count)))
+        for start in range(first, first + count, CHAIN)
+    ]
+
+
+def per_block_ns(action, chains: list[list[int]]) -> float:
+    blocks = sum(map(len, chains))
+    gc.disable()
+    started = time.perf_counter_ns()
+    for chain in chains:
+        action(chain)
+    elapsed = time.perf_counter_ns() - started
+    gc.enable()
+    return elapsed / blocks
+
+
+def method_costs(policy: str, capacity: int) -> dict[str, float]:
+    """ns per block of each method on a full cache of `capacity` blocks."""
+    manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
+    resident = chains_of(0, capacity)
+    costs = {"store (prepare, free slots)": per_block_ns(manager.prepare_store, resident)}
+    costs["complete_store"] = per_block_ns(manager.complete_store, resident)
+    sample = resident[:: max(1, len(resident) // 2000)]  # ~64k blocks spread over the cache
+    costs["lookup (hit)"] = per_block_ns(manager.lookup, sample)
+    costs["touch"] = per_block_ns(manager.touch, sample)
+    costs["prepare_load"] = per_block_ns(manager.prepare_load, sample)
+    costs["complete_load"] = per_block_ns(manager.complete_load, sample)
+    newcomers = chains_of(capacity, min(capacity, 64_000))
+    costs["store (prepare, evicting)"] = (
+        per_block_ns(
+            lambda chain: manager.complete_store(
+                manager.prepare_store(chain).block_hashes_to_store
+            ),
+            newcomers,
+        )
+        - costs["complete_store"]
+    )  # stores complete between calls, as an engine's do
+    return costs
+
+
+def bytes_per_cached_block(policy: str, capacity: int) -> float:
+    resident = chains_of(0, capacity)  # the engine's hashes: not the manager's memory
+    gc.collect()
+    tracemalloc.start()
+    manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
+    for chain in resident:
+        manager.complete_store(manager.prepare_store(chain).block_hashes_to_store)
+    for chain in chains_of(capacity, capacity):  # a second fill: ARC's ghosts fill up too
+        manager.complete_store(manager.prepare_store(chain).block_hashes_to_store)
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return size / capacity
+
+
+def manager_replay_seconds(chains, policy: str, capacity: int) -> tuple[float, int]:
+    manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
+    started = time.perf_counter()
+    for chain in chains:
+        hits = manager.lookup(chain)
+        manager.touch(chain)
+        output = manager.prepare_store(chain[hits:])
+        if output is not None:
+            manager.complete_store(output.block_hashes_to_store)
+    return time.perf_counter() - started, manager.stats().hit_blocks
+
+
+def bare_replay_seconds(chains, capacity: int) -> tuple[float, int]:
+    """The same replay with nothing but an OrderedDict: the floor any LRU bookkeeping sits on."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits_total = 0
+    started = time.perf_counter()
+    for chain in chains:
+        hits = 0
+        for block in chain:
+            if block not in cache:
+                break
+            hits += 1
+        hits_total += hits
+        for block in reversed(chain):
+            if block in cache:
+                cache.move_to_end(block)
+        for block in chain[hits:]:
+            if block not in cache:
+                if len(cache) >= capacity:
+                    cache.popitem(last=False)
+                cache[block] = None
+    return time.perf_counter() - started, hits_total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capacities", default="10000,100000,1000000")
+    parser.add_argument("--out", default="results/manager_ops.json")
+    args = parser.parse_args()
+    capacities = [int(c) for c in args.capacities.split(",")]
+    report: dict = {"methods_ns_per_block": {}, "bytes_per_cached_block": {}, "replay": []}
+
+    print(f"ns per block, calls of {CHAIN} blocks on a full cache")
+    for policy in POLICIES:
+        for capacity in capacities:
+            costs = method_costs(policy, capacity)
+            report["methods_ns_per_block"][f"{policy}@{capacity}"] = costs
+            print(
+                f"  {policy:>4} {capacity:>9,}  "
+                + "  ".join(f"{k} {v:6.0f}" for k, v in costs.items())
+            )
+
+    print("bytes per cached block (tracemalloc, cache filled twice)")
+    for policy in POLICIES:
+        for capacity in capacities:
+            per_block = bytes_per_cached_block(policy, capacity)
+            report["bytes_per_cached_block"][f"{policy}@{capacity}"] = per_block
+            print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
+
+    workloads = {"multi_turn_chat x10": [r.hash_ids for r in multi_turn_chat(sessions=15_000)]}
+    if SHARED_TRACE.exists():
+        workloads["mooncake_conversation"] = read_hash_chains(SHARED_TRACE)
+    print("replay: manager vs bare OrderedDict LRU loop")
+    for name, chains in workloads.items():
+        references = sum(map(len, chains))
+        for capacity in capacities:
+            bare, bare_hits = bare_replay_seconds(chains, capacity)
+            for policy in POLICIES:
+                seconds, hits = manager_replay_seconds(chains, policy, capacity)
+                if policy == "lru":
+                    assert hits == bare_hits, "the bare loop and the manager disagree"
+                row = {
+                    "workload": name,
+                    "policy": policy,
+                    "capacity": capacity,
+                    "references": references,
+                    "hit_ratio": hits / references,
+                    "manager_s": seconds,
+                    "bare_lru_s": bare,
+                    "ratio": seconds / bare,
+                    "ns_per_reference": seconds * 1e9 / references,
+                }
+                report["replay"].append(row)
+                print(
+                    f"  {name:<22} {policy:>4} {capacity:>9,}  hit {row['hit_ratio']:.3f}  "
+                    f"{seconds:6.2f} s vs bare {bare:5.2f} s  ratio {row['ratio']:.2f}  "
+                    f"{row['ns_per_reference']:4.0f} ns/ref"
+                )
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
