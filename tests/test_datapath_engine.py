@@ -71,6 +71,7 @@ def test_load_exposes_its_completion_event(cache):
     compute = cuda.stream()
     engine.completion_event(1).wait(compute)
     engine.wait(1)
+    assert engine.completion_event(1) is None
     assert engine.get_finished() == [(1, True)]
 
 

@@ -77,7 +77,7 @@ class TransferEngine:
         host_pool: HostPool,
         *,
         max_thread_blocks: int | None = None,
-        threads_per_block: int = 256,
+        threads_per_block: int = 1024,
         max_jobs_in_flight: int = 8,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
@@ -180,15 +180,13 @@ class TransferEngine:
             self._reap(self._lanes[job.direction], block_until=job)
         return bool(job.success)
 
-    def completion_event(self, job_id: Hashable) -> Any:
+    def completion_event(self, job_id: Hashable) -> Any | None:
         """An event the compute stream can wait on (`event.wait(stream)`) before using loaded blocks.
 
-        Valid until the job is reported by `get_finished`; its slot is reused afterwards.
+        None once the job has finished: its blocks are ready and there is nothing to wait for.
         """
         job = self._job(job_id)
-        if job.slot is None:
-            raise ValueError(f"job_id {job_id!r} has already finished; its blocks are ready")
-        return job.slot.end
+        return None if job.slot is None else job.slot.end
 
     def _job(self, job_id: Hashable) -> _Job:
         job = self._jobs.get(job_id)
