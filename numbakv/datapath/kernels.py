@@ -54,31 +54,32 @@ def _copy_run(dst, dst_start, src, src_start, count, lane):
         i += WARP_SIZE
 
 
-def _gather(arena, host, segments, ids, n, block_stride, chunk_words):
+@cuda.jit(device=True)
+def _item_starts(item, segments, ids, n, block_stride, chunk_words):
+    """Word offsets of work item `item` (pair-major, segment-minor) in the arena and the host pool."""
     num_segments = segments.shape[0]
-    host_block_words = num_segments * chunk_words
-    thread = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    pair = item // num_segments
+    segment = item - pair * num_segments
+    gpu_start = segments[segment] + ids[pair] * block_stride
+    host_start = (ids[n + pair] * num_segments + segment) * chunk_words
+    return gpu_start, host_start
+
+
+def _gather(arena, host, segments, ids, n, block_stride, chunk_words):
     lane = cuda.threadIdx.x % WARP_SIZE
+    first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(thread // WARP_SIZE, n * num_segments, num_warps):
-        pair = item // num_segments
-        segment = item - pair * num_segments
-        gpu_start = segments[segment] + ids[pair] * block_stride
-        host_start = ids[n + pair] * host_block_words + segment * chunk_words
+    for item in range(first_warp, n * segments.shape[0], num_warps):
+        gpu_start, host_start = _item_starts(item, segments, ids, n, block_stride, chunk_words)
         _copy_run(host, host_start, arena, gpu_start, chunk_words, lane)
 
 
 def _scatter(arena, host, segments, ids, n, block_stride, chunk_words):
-    num_segments = segments.shape[0]
-    host_block_words = num_segments * chunk_words
-    thread = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     lane = cuda.threadIdx.x % WARP_SIZE
+    first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(thread // WARP_SIZE, n * num_segments, num_warps):
-        pair = item // num_segments
-        segment = item - pair * num_segments
-        gpu_start = segments[segment] + ids[pair] * block_stride
-        host_start = ids[n + pair] * host_block_words + segment * chunk_words
+    for item in range(first_warp, n * segments.shape[0], num_warps):
+        gpu_start, host_start = _item_starts(item, segments, ids, n, block_stride, chunk_words)
         _copy_run(arena, gpu_start, host, host_start, chunk_words, lane)
 
 

@@ -53,9 +53,14 @@ class _Job:
 
 
 class _Lane:
-    """One direction: its stream, kernel, device id buffer and a ring of job slots."""
+    """One direction: its stream, kernel, device id buffer and a ring of job slots.
 
-    def __init__(self, kernel: Any, capacity: int, max_jobs_in_flight: int) -> None:
+    A job's destinations are unique, so it has at most `num_destinations` pairs: that sizes the
+    id buffers once, and `destination_stamps` serves the duplicate check without allocating.
+    """
+
+    def __init__(self, kernel: Any, num_destinations: int, max_jobs_in_flight: int) -> None:
+        capacity = num_destinations
         self.kernel = kernel
         self.stream = cuda.stream()
         self.device_ids = cuda.device_array(2 * capacity, dtype=np.int64)
@@ -65,7 +70,7 @@ class _Lane:
             for _ in range(max_jobs_in_flight)
         ]
         self.in_flight: deque[_Job] = deque()
-        self.destination_stamps = np.empty(0, dtype=np.int64)
+        self.destination_stamps = np.empty(num_destinations, dtype=np.int64)
 
 
 class TransferEngine:
@@ -107,8 +112,6 @@ class TransferEngine:
             Direction.STORE: _Lane(kernels.get_kernel("gather", layout.word), host_pool.num_blocks, max_jobs_in_flight),
             Direction.LOAD: _Lane(kernels.get_kernel("scatter", layout.word), layout.num_blocks, max_jobs_in_flight),
         }
-        self._lanes[Direction.STORE].destination_stamps = np.empty(host_pool.num_blocks, dtype=np.int64)
-        self._lanes[Direction.LOAD].destination_stamps = np.empty(layout.num_blocks, dtype=np.int64)
         self._positions = np.arange(max(host_pool.num_blocks, layout.num_blocks), dtype=np.int64)
         self._jobs: dict[Hashable, _Job] = {}
         self._finished: list[tuple[Hashable, bool]] = []
