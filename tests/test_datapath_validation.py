@@ -26,6 +26,7 @@ BAD_SUBMITS = [
     pytest.param("store", [0, 1, 2], [0, 1], ValueError, "lengths must match", id="length-mismatch"),
     pytest.param("store", [0, 1], [3, 3], ValueError, "host_block_ids .* must be unique", id="duplicate-host-dest"),
     pytest.param("load", [2, 2], [0, 1], ValueError, "gpu_block_ids .* must be unique", id="duplicate-gpu-dest"),
+    pytest.param("store", [0] * 12, [1] * 12, ValueError, "host_block_ids .* must be unique", id="more-ids-than-blocks"),
     pytest.param("store", np.array([0.0, 1.0]), [0, 1], TypeError, "gpu_block_ids must hold integers", id="float-ids"),
     pytest.param("store", [0, 1], np.array([True, False]), TypeError, "host_block_ids must hold integers", id="bool-ids"),
     pytest.param("store", np.array([[0, 1]]), [0, 1], ValueError, "gpu_block_ids must be 1-D", id="2d-ids"),
@@ -45,6 +46,16 @@ def test_bad_submit_raises_and_moves_nothing(setup, direction, gpu_ids, host_ids
     assert engine.get_finished() == []
     engine.submit(1, "store", [0], [0])  # the job id was never taken
     assert engine.wait(1) and engine.get_finished() == [(1, True)]
+
+
+def test_bad_wait_event_raises_and_moves_nothing(setup):
+    cache, pool, engine = setup
+    with pytest.raises(TypeError, match="wait_event must be a Numba event, a Numba stream"):
+        engine.submit(1, "store", [0], [0], wait_event="compute")
+    assert (pool.blocks == HOST_POISON).all() and engine.get_finished() == []
+    for job in range(10):  # no slot leaked: more jobs than slots still go through
+        engine.submit(job, "store", [job % 6], [job % 5])
+    assert len(engine.get_finished()) == 10
 
 
 def test_duplicate_sources_are_allowed(setup):

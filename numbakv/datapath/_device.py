@@ -90,9 +90,6 @@ def event_done(event: Any) -> bool:
     return True if query is None else bool(query())
 
 
-def as_stream(stream: Any) -> Any:
-    """A Numba stream for a Numba stream or a foreign one with a `cuda_stream` handle (torch)."""
-    handle = getattr(stream, "cuda_stream", None)
-    if handle is None:
-        return stream
-    return cuda.external_stream(int(handle))
+def foreign_stream(stream: Any) -> Any:
+    """A Numba stream over a foreign stream's `cuda_stream` handle (torch's streams have one)."""
+    return cuda.external_stream(int(stream.cuda_stream))

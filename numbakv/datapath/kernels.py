@@ -106,7 +106,9 @@ def get_kernel(name: str, word: np.dtype) -> Any:
 
 
 def grid_size(num_items: int, threads_per_block: int, max_thread_blocks: int | None) -> int:
-    """Thread blocks to launch: one warp per work item, at most `max_thread_blocks` (None: no cap)."""
+    """Thread blocks to launch: a warp per work item, rounded up to a power of two (so few distinct
+    launch configurations exist), at most `max_thread_blocks` (None: no cap)."""
     warps_per_block = threads_per_block // WARP_SIZE
     needed = max(1, -(-num_items // warps_per_block))
-    return needed if max_thread_blocks is None else min(needed, max_thread_blocks)
+    rounded = 1 << (needed - 1).bit_length()
+    return rounded if max_thread_blocks is None else min(rounded, max_thread_blocks)

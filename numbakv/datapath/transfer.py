@@ -9,6 +9,7 @@ Not thread-safe: call it from the thread that owns the engine's GPU work.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
@@ -16,9 +17,10 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 from numba import cuda
+from numba.cuda.core.errors import NumbaPerformanceWarning
 
 from numbakv.datapath import kernels
-from numbakv.datapath._device import CUDA_ERRORS, as_stream, event_done, upload_prefix
+from numbakv.datapath._device import CUDA_ERRORS, foreign_stream, event_done, upload_prefix
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
 
@@ -59,10 +61,12 @@ class _Lane:
     id buffers once, and `destination_stamps` serves the duplicate check without allocating.
     """
 
-    def __init__(self, kernel: Any, num_destinations: int, max_jobs_in_flight: int) -> None:
+    def __init__(self, kernel: Any, threads_per_block: int, num_destinations: int, max_jobs_in_flight: int) -> None:
         capacity = num_destinations
         self.kernel = kernel
+        self.threads_per_block = threads_per_block
         self.stream = cuda.stream()
+        self.launchers: dict[int, Any] = {}
         self.device_ids = cuda.device_array(2 * capacity, dtype=np.int64)
         self.dependency = cuda.event()
         self.free_slots = [
@@ -71,6 +75,15 @@ class _Lane:
         ]
         self.in_flight: deque[_Job] = deque()
         self.destination_stamps = np.empty(num_destinations, dtype=np.int64)
+
+    def launcher(self, grid: int) -> Any:
+        """The kernel configured for `grid` thread blocks on this lane's stream, made once per grid."""
+        launch = self.launchers.get(grid)
+        if launch is None:
+            with warnings.catch_warnings():  # small grids are deliberate (capped, or small jobs)
+                warnings.simplefilter("ignore", NumbaPerformanceWarning)
+                launch = self.launchers[grid] = self.kernel[grid, self.threads_per_block, self.stream]
+        return launch
 
 
 class TransferEngine:
@@ -108,10 +121,13 @@ class TransferEngine:
         self._segments = cuda.to_device(layout.segment_offsets // word)
         self._block_stride = layout.block_stride // word
         self._chunk_words = layout.chunk_bytes // word
+        gather, scatter = kernels.get_kernel("gather", layout.word), kernels.get_kernel("scatter", layout.word)
         self._lanes = {
-            Direction.STORE: _Lane(kernels.get_kernel("gather", layout.word), host_pool.num_blocks, max_jobs_in_flight),
-            Direction.LOAD: _Lane(kernels.get_kernel("scatter", layout.word), layout.num_blocks, max_jobs_in_flight),
+            Direction.STORE: _Lane(gather, threads_per_block, host_pool.num_blocks, max_jobs_in_flight),
+            Direction.LOAD: _Lane(scatter, threads_per_block, layout.num_blocks, max_jobs_in_flight),
         }
+        self._event_type = type(self._lanes[Direction.STORE].dependency)
+        self._stream_type = type(self._lanes[Direction.STORE].stream)
         self._positions = np.arange(max(host_pool.num_blocks, layout.num_blocks), dtype=np.int64)
         self._jobs: dict[Hashable, _Job] = {}
         self._finished: list[tuple[Hashable, bool]] = []
@@ -142,6 +158,7 @@ class TransferEngine:
             )
         _check_range("gpu_block_ids", gpu_ids, self.layout.num_blocks)
         _check_range("host_block_ids", host_ids, self.host_pool.num_blocks)
+        dependency = self._dependency(wait_event)
         lane = self._lanes[direction]
         if direction is Direction.STORE:
             self._check_unique("host_block_ids", host_ids, lane.destination_stamps)
@@ -152,15 +169,14 @@ class TransferEngine:
         count = len(gpu_ids)
         slot.staged_ids[:count] = gpu_ids
         slot.staged_ids[count : 2 * count] = host_ids
-        if wait_event is not None:
-            self._hold_back(lane, wait_event)
+        if dependency is not None:
+            self._hold_back(lane, dependency)
         slot.start.record(lane.stream)
         if count:
             upload_prefix(lane.device_ids, slot.staged_ids, 2 * count, lane.stream)
             grid = kernels.grid_size(count * self.layout.num_segments, self.threads_per_block, self.max_thread_blocks)
-            lane.kernel[grid, self.threads_per_block, lane.stream](
-                self._arena, self._host, self._segments, lane.device_ids,
-                count, self._block_stride, self._chunk_words,
+            lane.launcher(grid)(
+                self._arena, self._host, self._segments, lane.device_ids, count, self._block_stride, self._chunk_words
             )
         slot.end.record(lane.stream)
         job = _Job(job_id, direction, count * self.layout.block_bytes, slot)
@@ -199,16 +215,30 @@ class TransferEngine:
 
     def _check_unique(self, name: str, ids: np.ndarray, stamps: np.ndarray) -> None:
         """Raise if `ids` repeats a value: each id stamps its position; a repeat overwrites one."""
+        message = f"{name} are this job's destinations and must be unique, got a repeated id"
+        if len(ids) > len(stamps):  # more ids than destinations: some must repeat
+            raise ValueError(message)
         positions = self._positions[: len(ids)]
         stamps[ids] = positions
         if not np.array_equal(stamps[ids], positions):
-            raise ValueError(f"{name} are this job's destinations and must be unique, got a repeated id")
+            raise ValueError(message)
 
-    def _hold_back(self, lane: _Lane, wait_event: Any) -> None:
-        if isinstance(wait_event, type(lane.dependency)):  # a Numba event
-            wait_event.wait(lane.stream)
+    def _dependency(self, wait_event: Any) -> Any:
+        """`wait_event` as a Numba event or stream (None: nothing to wait for); checked before use."""
+        if wait_event is None or isinstance(wait_event, (self._event_type, self._stream_type)):
+            return wait_event
+        if hasattr(wait_event, "cuda_stream"):
+            return foreign_stream(wait_event)
+        raise TypeError(
+            "wait_event must be a Numba event, a Numba stream or a stream with a cuda_stream handle "
+            f"(torch), got {type(wait_event).__name__}"
+        )
+
+    def _hold_back(self, lane: _Lane, dependency: Any) -> None:
+        if isinstance(dependency, self._event_type):
+            dependency.wait(lane.stream)
             return
-        lane.dependency.record(as_stream(wait_event))
+        lane.dependency.record(dependency)
         lane.dependency.wait(lane.stream)
 
     def _take_slot(self, lane: _Lane) -> _Slot:
