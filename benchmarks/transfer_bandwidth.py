@@ -27,14 +27,30 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numbakv.datapath import COMPILE_SECONDS, HostPool, KVLayout, LayoutKind, TransferEngine  # noqa: E402
-from numbakv.datapath._device import ON_SIMULATOR  # noqa: E402
-from numbakv.datapath.kernels import get_kernel  # noqa: E402
+from numbakv.datapath import COMPILE_SECONDS, HostPool, KVLayout, LayoutKind, TransferEngine
+from numbakv.datapath._device import ON_SIMULATOR
+from numbakv.datapath.kernels import get_kernel
 
-FULL = {"chunks": [2048, 4096, 16384, 65536, 262144], "layers": 32, "job_mib": 1024,
-        "thread_blocks": [8, 16, 32, 132, None], "threads_per_block": 1024, "repeats": 5, "naive_copies": 4096, "submits": 50}
-SMOKE = {"chunks": [256, 1024], "layers": 2, "job_mib": 1 / 64,
-         "thread_blocks": [1, 2, None], "threads_per_block": 32, "repeats": 1, "naive_copies": 8, "submits": 3}
+FULL = {
+    "chunks": [2048, 4096, 16384, 65536, 262144],
+    "layers": 32,
+    "job_mib": 1024,
+    "thread_blocks": [8, 16, 32, 132, None],
+    "threads_per_block": 1024,
+    "repeats": 5,
+    "naive_copies": 4096,
+    "submits": 50,
+}
+SMOKE = {
+    "chunks": [256, 1024],
+    "layers": 2,
+    "job_mib": 1 / 64,
+    "thread_blocks": [1, 2, None],
+    "threads_per_block": 32,
+    "repeats": 1,
+    "naive_copies": 8,
+    "submits": 3,
+}
 
 
 def gbps(nbytes: int, seconds: float) -> float:
@@ -47,8 +63,10 @@ def dma_ceiling(nbytes: int, repeats: int) -> dict:
     host = cuda.pinned_array(nbytes, dtype=np.uint8)
     stream = cuda.stream()
     result = {}
-    for name, copy in (("d2h", lambda: device.copy_to_host(host, stream=stream)),
-                       ("h2d", lambda: device.copy_to_device(host, stream=stream))):
+    for name, copy in (
+        ("d2h", lambda: device.copy_to_host(host, stream=stream)),
+        ("h2d", lambda: device.copy_to_device(host, stream=stream)),
+    ):
         times = []
         for _ in range(repeats + 1):
             start, end = cuda.event(), cuda.event()
@@ -78,8 +96,13 @@ class ChunkBench:
         self._next_job = 0
 
     def engine(self, thread_blocks: int | None, seconds: list) -> TransferEngine:
-        return TransferEngine(self.layout, self.pool, max_thread_blocks=thread_blocks,
-                              threads_per_block=self.threads_per_block, on_job_done=lambda *report: seconds.append(report[3]))
+        return TransferEngine(
+            self.layout,
+            self.pool,
+            max_thread_blocks=thread_blocks,
+            threads_per_block=self.threads_per_block,
+            on_job_done=lambda *report: seconds.append(report[3]),
+        )
 
     def job_id(self) -> int:
         self._next_job += 1
@@ -127,8 +150,10 @@ class ChunkBench:
         stream = cuda.stream()
         host = self.pool.blocks
         layers = len(self.arrays)
-        pairs = [(self.gpu_ids[i // layers], self.host_ids[i // layers], i % layers)
-                 for i in range(min(copies, self.blocks * layers))]
+        pairs = [
+            (self.gpu_ids[i // layers], self.host_ids[i // layers], i % layers)
+            for i in range(min(copies, self.blocks * layers))
+        ]
         result = {}
         for name in ("d2h", "h2d"):
             cuda.synchronize()
@@ -156,8 +181,9 @@ def fresh_process_compile() -> dict | None:
     """The same probe in a new process: with the on-disk cache warm, this is the restart cost."""
     if ON_SIMULATOR:
         return None
-    output = subprocess.run([sys.executable, __file__, "--compile-probe"], capture_output=True, text=True,
-                            check=True).stdout
+    output = subprocess.run(
+        [sys.executable, __file__, "--compile-probe"], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
@@ -178,8 +204,13 @@ def run(config: dict, out: Path) -> dict:
     rows = []
     for chunk in config["chunks"]:
         bench = ChunkBench(chunk, config["layers"], job_bytes, config["threads_per_block"])
-        row = {"chunk_bytes": chunk, "blocks_per_job": bench.blocks, "job_bytes": bench.job_bytes,
-               "gather_gbps": {}, "scatter_gbps": {}}
+        row = {
+            "chunk_bytes": chunk,
+            "blocks_per_job": bench.blocks,
+            "job_bytes": bench.job_bytes,
+            "gather_gbps": {},
+            "scatter_gbps": {},
+        }
         for blocks in config["thread_blocks"]:
             key = "all" if blocks is None else str(blocks)
             row["gather_gbps"][key] = bench.one_direction(blocks, "store", config["repeats"])
@@ -204,17 +235,22 @@ def print_table(report: dict) -> None:
     print(f"kernel compile, first call: {report['compile_seconds_first_call']}")
     print(f"kernel compile, fresh process: {report['compile_seconds_fresh_process']}")
     keys = list(report["rows"][0]["gather_gbps"])
-    header = ["chunk KiB", "dir"] + [f"tb={k}" for k in keys] + ["% ceil", "naive", "concurrent", "x one dir",
-                                                                  "submit us"]
+    header = (
+        ["chunk KiB", "dir"] + [f"tb={k}" for k in keys] + ["% ceil", "naive", "concurrent", "x one dir", "submit us"]
+    )
     print(" | ".join(f"{h:>10}" for h in header))
     for row in report["rows"]:
         for direction, name, link in (("gather_gbps", "gather", "d2h"), ("scatter_gbps", "scatter", "h2d")):
             speeds = row[direction]
             best_one = max(max(row["gather_gbps"].values()), max(row["scatter_gbps"].values()))
             cells = [f"{row['chunk_bytes'] / 1024:g}", name] + [f"{speeds[k]:.1f}" for k in keys]
-            cells += [f"{100 * speeds['all'] / ceiling[link]:.0f}%", f"{row['naive_gbps'][link]:.2f}",
-                      f"{row['concurrent_gbps']:.1f}", f"{row['concurrent_gbps'] / best_one:.2f}",
-                      f"{row['submit_us_median']:.1f}"]
+            cells += [
+                f"{100 * speeds['all'] / ceiling[link]:.0f}%",
+                f"{row['naive_gbps'][link]:.2f}",
+                f"{row['concurrent_gbps']:.1f}",
+                f"{row['concurrent_gbps'] / best_one:.2f}",
+                f"{row['submit_us_median']:.1f}",
+            ]
             print(" | ".join(f"{c:>10}" for c in cells))
 
 

@@ -5,7 +5,7 @@ import pytest
 from datapath_cases import HOST_POISON, make_cache
 from numba import cuda
 
-from numbakv.datapath import COMPILE_SECONDS, Direction, HostPool, TransferEngine
+from numbakv.datapath import COMPILE_SECONDS, Direction, HostPool, TransferEngine, kernels
 
 
 @pytest.fixture
@@ -29,7 +29,9 @@ def test_every_job_is_reported_once_with_its_bytes_and_time(cache):
     assert engine.get_finished() == []
     block_bytes = cache.layout.block_bytes
     assert sorted(report[:3] for report in done) == [
-        (1, Direction.STORE, 3 * block_bytes), (2, Direction.LOAD, block_bytes), (3, Direction.STORE, 0)
+        (1, Direction.STORE, 3 * block_bytes),
+        (2, Direction.LOAD, block_bytes),
+        (3, Direction.STORE, 0),
     ]
     assert all(seconds >= 0 and success for *_, seconds, success in done)
 
@@ -79,3 +81,4 @@ def test_kernels_are_compiled_once_per_word_width(cache):
     _engine(cache)
     _engine(cache)
     assert {"gather[uint64]", "scatter[uint64]"} <= set(COMPILE_SECONDS)
+    assert kernels.get_kernel("gather", np.uint64) is kernels.get_kernel("gather", np.dtype(np.uint64))

@@ -43,13 +43,25 @@ def _layers(*shapes, dtype=np.float16):
 
 
 BAD_LAYOUTS = [
-    pytest.param("flash_attn", _layers((2, 4, 2, 2, 4)) + _layers((2, 4, 2, 2, 4), dtype=np.float32),
-                 "layer 1 has dtype float32, layer 0 has float16", id="dtype-mismatch"),
-    pytest.param("flash_attn", _layers((2, 4, 2, 2, 4), (2, 5, 2, 2, 4)),
-                 r"layer 1 has shape \(2, 5, 2, 2, 4\)", id="shape-mismatch"),
-    pytest.param("flash_attn", _layers((2, 4, 2, 2, 4))
-                 + [cuda.to_device(random_array(np.random.default_rng(2), (2, 4, 2, 2, 8), np.float16))[..., :4]],
-                 "layer 1 has strides", id="strides-mismatch"),
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 2, 4)) + _layers((2, 4, 2, 2, 4), dtype=np.float32),
+        "layer 1 has dtype float32, layer 0 has float16",
+        id="dtype-mismatch",
+    ),
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 2, 4), (2, 5, 2, 2, 4)),
+        r"layer 1 has shape \(2, 5, 2, 2, 4\)",
+        id="shape-mismatch",
+    ),
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 2, 4))
+        + [cuda.to_device(random_array(np.random.default_rng(2), (2, 4, 2, 2, 8), np.float16))[..., :4]],
+        "layer 1 has strides",
+        id="strides-mismatch",
+    ),
     pytest.param("flash_attn", _layers((2, 4, 2, 4)), r"expected a 5-D array \[2, num_blocks", id="flash-ndim"),
     pytest.param("flash_attn", _layers((3, 4, 2, 2, 4)), "axis 0 must be 2", id="flash-kv-axis"),
     pytest.param("flashinfer", _layers((4, 3, 2, 2, 4)), "axis 1 must be 2", id="flashinfer-kv-axis"),

@@ -20,8 +20,16 @@ from numbakv.datapath import HostPool, LayoutKind, TransferEngine
 )
 def test_store_then_load_is_byte_exact(kind, dtype, num_layers, num_blocks, head_size, seed, data):
     rng = np.random.default_rng(seed)
-    cache = make_cache(kind, rng, num_layers=num_layers, num_blocks=num_blocks, block_size=2, num_heads=1,
-                       head_size=head_size, dtype=dtype)
+    cache = make_cache(
+        kind,
+        rng,
+        num_layers=num_layers,
+        num_blocks=num_blocks,
+        block_size=2,
+        num_heads=1,
+        head_size=head_size,
+        dtype=dtype,
+    )
     num_host_blocks = data.draw(st.integers(1, 6))
     pool = HostPool.for_layout(cache.layout, num_host_blocks)
     pool.blocks[:] = HOST_POISON

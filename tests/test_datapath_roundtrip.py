@@ -77,8 +77,7 @@ def test_unaligned_layer_addresses_fall_back_to_bytes():
     layer_bytes = num_blocks * head_size * 4
     backing = cuda.to_device(random_array(rng, (1 + 3 * layer_bytes,), np.uint8))
     layers = [
-        backing[1 + i * layer_bytes : 1 + (i + 1) * layer_bytes].reshape(num_blocks, 1, head_size * 4)
-        for i in range(3)
+        backing[1 + i * layer_bytes : 1 + (i + 1) * layer_bytes].reshape(num_blocks, 1, head_size * 4) for i in range(3)
     ]
     layout = KVLayout.from_arrays(LayoutKind.MLA, layers)
     assert layout.word == np.dtype(np.uint8)
@@ -120,7 +119,8 @@ def test_host_pool_reports_size_and_pinning_time():
 def test_long_chunks_take_the_unrolled_loop_and_its_tail(head_size):
     """Chunks of 165 and 300 words: the four-at-a-time loop runs, then the one-at-a-time tail."""
     rng = np.random.default_rng(head_size)
-    cache = make_cache(LayoutKind.MLA, rng, num_layers=2, num_blocks=4, block_size=1, head_size=head_size,
-                       dtype=np.float32)
+    cache = make_cache(
+        LayoutKind.MLA, rng, num_layers=2, num_blocks=4, block_size=1, head_size=head_size, dtype=np.float32
+    )
     assert cache.layout.chunk_bytes // cache.layout.word.itemsize in (165, 300)
     _round_trip(cache, rng, count=3)

@@ -21,14 +21,20 @@ def setup():
 
 BAD_SUBMITS = [
     pytest.param("store", [0, 6], [0, 1], IndexError, r"gpu_block_ids must lie in \[0, 6\), got 6", id="gpu-id-high"),
-    pytest.param("load", [-1, 2], [0, 1], IndexError, r"gpu_block_ids must lie in \[0, 6\), got -1", id="gpu-id-negative"),
+    pytest.param(
+        "load", [-1, 2], [0, 1], IndexError, r"gpu_block_ids must lie in \[0, 6\), got -1", id="gpu-id-negative"
+    ),
     pytest.param("store", [0, 1], [0, 5], IndexError, r"host_block_ids must lie in \[0, 5\), got 5", id="host-id-high"),
     pytest.param("store", [0, 1, 2], [0, 1], ValueError, "lengths must match", id="length-mismatch"),
     pytest.param("store", [0, 1], [3, 3], ValueError, "host_block_ids .* must be unique", id="duplicate-host-dest"),
     pytest.param("load", [2, 2], [0, 1], ValueError, "gpu_block_ids .* must be unique", id="duplicate-gpu-dest"),
-    pytest.param("store", [0] * 12, [1] * 12, ValueError, "host_block_ids .* must be unique", id="more-ids-than-blocks"),
+    pytest.param(
+        "store", [0] * 12, [1] * 12, ValueError, "host_block_ids .* must be unique", id="more-ids-than-blocks"
+    ),
     pytest.param("store", np.array([0.0, 1.0]), [0, 1], TypeError, "gpu_block_ids must hold integers", id="float-ids"),
-    pytest.param("store", [0, 1], np.array([True, False]), TypeError, "host_block_ids must hold integers", id="bool-ids"),
+    pytest.param(
+        "store", [0, 1], np.array([True, False]), TypeError, "host_block_ids must hold integers", id="bool-ids"
+    ),
     pytest.param("store", np.array([[0, 1]]), [0, 1], ValueError, "gpu_block_ids must be 1-D", id="2d-ids"),
     pytest.param("store", "01", [0, 1], TypeError, "gpu_block_ids must be an integer NumPy array", id="string-ids"),
     pytest.param("sideways", [0], [0], ValueError, "direction must be 'store' or 'load'", id="bad-direction"),
@@ -49,7 +55,7 @@ def test_bad_submit_raises_and_moves_nothing(setup, direction, gpu_ids, host_ids
 
 
 def test_bad_wait_event_raises_and_moves_nothing(setup):
-    cache, pool, engine = setup
+    _cache, pool, engine = setup
     with pytest.raises(TypeError, match="wait_event must be a Numba event, a Numba stream"):
         engine.submit(1, "store", [0], [0], wait_event="compute")
     assert (pool.blocks == HOST_POISON).all() and engine.get_finished() == []
@@ -67,7 +73,7 @@ def test_duplicate_sources_are_allowed(setup):
 
 
 def test_job_id_in_flight_is_rejected_until_reported(setup):
-    cache, pool, engine = setup
+    _cache, pool, engine = setup
     engine.submit("a", "store", [0], [0])
     with pytest.raises(ValueError, match="job_id 'a' is already in flight"):
         engine.submit("a", "store", [1], [1])

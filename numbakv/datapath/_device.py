@@ -35,8 +35,7 @@ def array_interface(array: Any) -> dict:
         if isinstance(backing, np.ndarray):
             return backing.__array_interface__
     raise TypeError(
-        f"expected a GPU array exposing __cuda_array_interface__ (torch, CuPy, Numba), "
-        f"got {type(array).__name__}"
+        f"expected a GPU array exposing __cuda_array_interface__ (torch, CuPy, Numba), got {type(array).__name__}"
     )
 
 

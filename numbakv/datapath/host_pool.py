@@ -21,9 +21,7 @@ class HostPool:
 
     def __init__(self, num_blocks: int, block_bytes: int) -> None:
         if num_blocks <= 0 or block_bytes <= 0:
-            raise ValueError(
-                f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}"
-            )
+            raise ValueError(f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}")
         started = time.perf_counter()
         self._mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
         self.pin_seconds: float = time.perf_counter() - started
@@ -31,7 +29,7 @@ class HostPool:
         self.block_bytes = block_bytes
 
     @classmethod
-    def for_layout(cls, layout: Any, num_blocks: int) -> "HostPool":
+    def for_layout(cls, layout: Any, num_blocks: int) -> HostPool:
         """A pool whose host blocks each hold one block of every segment of `layout` (a KVLayout)."""
         return cls(num_blocks, layout.block_bytes)
 

@@ -9,9 +9,10 @@ argument plus a small offset table (see docs/DATAPATH.md for why).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class KVLayout:
         return self.num_segments * self.chunk_bytes
 
     @classmethod
-    def from_arrays(cls, kind: LayoutKind | str, kv_caches: Any | Sequence[Any]) -> "KVLayout":
+    def from_arrays(cls, kind: LayoutKind | str, kv_caches: Any | Sequence[Any]) -> KVLayout:
         """Describe `kv_caches` (a list of per-layer arrays, or one array for CROSS_LAYER)."""
         kind = LayoutKind(kind)
         arrays = _as_layer_list(kind, kv_caches)
@@ -148,9 +149,7 @@ def _check_same_as_first(layer: int, interface: dict, shape: tuple, strides: tup
         raise ValueError(f"layer {layer} has shape {other_shape}, layer 0 has {shape}: layers must agree")
     other_strides = interface_strides(interface)
     if other_strides != strides:
-        raise ValueError(
-            f"layer {layer} has strides {other_strides}, layer 0 has {strides}: layers must agree"
-        )
+        raise ValueError(f"layer {layer} has strides {other_strides}, layer 0 has {strides}: layers must agree")
 
 
 def _contiguous_chunks(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, np.ndarray]:

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda
 from numba.cuda.core.errors import NumbaPerformanceWarning
 
 from numbakv.datapath import kernels
-from numbakv.datapath._device import CUDA_ERRORS, foreign_stream, event_done, upload_prefix
+from numbakv.datapath._device import CUDA_ERRORS, event_done, foreign_stream, upload_prefix
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
 
@@ -62,15 +63,14 @@ class _Lane:
     """
 
     def __init__(self, kernel: Any, threads_per_block: int, num_destinations: int, max_jobs_in_flight: int) -> None:
-        capacity = num_destinations
         self.kernel = kernel
         self.threads_per_block = threads_per_block
         self.stream = cuda.stream()
         self.launchers: dict[int, Any] = {}
-        self.device_ids = cuda.device_array(2 * capacity, dtype=np.int64)
+        self.device_ids = cuda.device_array(2 * num_destinations, dtype=np.int64)
         self.dependency = cuda.event()
         self.free_slots = [
-            _Slot(cuda.pinned_array(2 * capacity, dtype=np.int64), cuda.event(), cuda.event())
+            _Slot(cuda.pinned_array(2 * num_destinations, dtype=np.int64), cuda.event(), cuda.event())
             for _ in range(max_jobs_in_flight)
         ]
         self.in_flight: deque[_Job] = deque()
@@ -100,9 +100,7 @@ class TransferEngine:
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
         if host_pool.block_bytes != layout.block_bytes:
-            raise ValueError(
-                f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}"
-            )
+            raise ValueError(f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}")
         if threads_per_block % kernels.WARP_SIZE or not 0 < threads_per_block <= 1024:
             raise ValueError(f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}")
         if max_thread_blocks is not None and max_thread_blocks <= 0:
