@@ -133,14 +133,14 @@ class ChunkBench:
             walls.append(time.perf_counter() - started)
         return gbps(2 * self.job_bytes, statistics.median(walls[1:]))
 
-    def submit_seconds(self, submits: int) -> float:
-        """Median host time of one submit of a whole job (validation, id upload, launch)."""
+    def submit_seconds(self, submits: int, blocks: int) -> float:
+        """Median host time of one submit of `blocks` blocks (validation, id upload, launch)."""
         engine = self.engine(None, [])
         times = []
         for _ in range(submits + 1):
             job = self.job_id()
             started = time.perf_counter()
-            engine.submit(job, "store", self.gpu_ids[: self.blocks], self.host_ids[: self.blocks])
+            engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
             times.append(time.perf_counter() - started)
             engine.wait(job)
         return statistics.median(times[1:])
@@ -217,7 +217,8 @@ def run(config: dict, out: Path) -> dict:
             row["scatter_gbps"][key] = bench.one_direction(blocks, "load", config["repeats"])
         row["concurrent_gbps"] = bench.concurrent(config["repeats"])
         row["naive_gbps"] = bench.naive(config["naive_copies"])
-        row["submit_us_median"] = bench.submit_seconds(config["submits"]) * 1e6
+        row["submit_us_median"] = bench.submit_seconds(config["submits"], bench.blocks) * 1e6
+        row["submit_us_median_16_blocks"] = bench.submit_seconds(config["submits"], min(16, bench.blocks)) * 1e6
         rows.append(row)
         del bench
     report["rows"] = rows
@@ -236,7 +237,9 @@ def print_table(report: dict) -> None:
     print(f"kernel compile, fresh process: {report['compile_seconds_fresh_process']}")
     keys = list(report["rows"][0]["gather_gbps"])
     header = (
-        ["chunk KiB", "dir"] + [f"tb={k}" for k in keys] + ["% ceil", "naive", "concurrent", "x one dir", "submit us"]
+        ["chunk KiB", "dir"]
+        + [f"tb={k}" for k in keys]
+        + ["% ceil", "% ceil@16", "naive", "concurrent", "x one dir", "submit us", "submit16 us"]
     )
     print(" | ".join(f"{h:>10}" for h in header))
     for row in report["rows"]:
@@ -246,10 +249,12 @@ def print_table(report: dict) -> None:
             cells = [f"{row['chunk_bytes'] / 1024:g}", name] + [f"{speeds[k]:.1f}" for k in keys]
             cells += [
                 f"{100 * speeds['all'] / ceiling[link]:.0f}%",
+                f"{100 * speeds['16'] / ceiling[link]:.0f}%" if "16" in speeds else "-",
                 f"{row['naive_gbps'][link]:.2f}",
                 f"{row['concurrent_gbps']:.1f}",
                 f"{row['concurrent_gbps'] / best_one:.2f}",
                 f"{row['submit_us_median']:.1f}",
+                f"{row['submit_us_median_16_blocks']:.1f}",
             ]
             print(" | ".join(f"{c:>10}" for c in cells))
 
@@ -258,12 +263,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a tiny configuration (for the simulator)")
     parser.add_argument("--out", type=Path, default=Path("results/transfer_bandwidth.json"))
+    parser.add_argument("--threads-per-block", type=int, help="override the configuration's threads per block")
     parser.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile_probe:
         print(json.dumps(compile_probe()))
         return
-    run(SMOKE if args.smoke else FULL, args.out)
+    config = dict(SMOKE if args.smoke else FULL)
+    if args.threads_per_block:
+        config["threads_per_block"] = args.threads_per_block
+    run(config, args.out)
 
 
 if __name__ == "__main__":
