@@ -1,0 +1,279 @@
+"""Bandwidth of the gather/scatter kernels against the DMA ceiling and the naive per-block copies.
+
+For each per-layer chunk size (the bytes one block occupies in one layer) it builds a KV cache of
+`--layers` layers, a host pool, and jobs of about `--job-mib` MiB of scattered blocks, then measures:
+gather (GPU -> host) and scatter (host -> GPU) GB/s for several caps on the number of thread
+blocks, a store and a load in flight together, the naive way (one cudaMemcpyAsync per block and
+layer, issued from Python) and the host-side submit time. The DMA ceiling is one large contiguous
+pinned copy in each direction. Prints a table and writes JSON.
+
+    python benchmarks/transfer_bandwidth.py                 # on a GPU: the full configuration
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --smoke   # a tiny check anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from numbakv.datapath import COMPILE_SECONDS, HostPool, KVLayout, LayoutKind, TransferEngine
+from numbakv.datapath._device import ON_SIMULATOR
+from numbakv.datapath.kernels import get_kernel
+
+FULL = {
+    "chunks": [2048, 4096, 16384, 65536, 262144],
+    "layers": 32,
+    "job_mib": 1024,
+    "thread_blocks": [8, 16, 32, 132, None],
+    "threads_per_block": 1024,
+    "repeats": 5,
+    "naive_copies": 4096,
+    "submits": 50,
+}
+SMOKE = {
+    "chunks": [256, 1024],
+    "layers": 2,
+    "job_mib": 1 / 64,
+    "thread_blocks": [1, 2, None],
+    "threads_per_block": 32,
+    "repeats": 1,
+    "naive_copies": 8,
+    "submits": 3,
+}
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
+
+
+def dma_ceiling(nbytes: int, repeats: int) -> dict:
+    """One contiguous pinned copy each way: what the link's copy engines deliver."""
+    device = cuda.device_array(nbytes, dtype=np.uint8)
+    host = cuda.pinned_array(nbytes, dtype=np.uint8)
+    stream = cuda.stream()
+    result = {}
+    for name, copy in (
+        ("d2h", lambda: device.copy_to_host(host, stream=stream)),
+        ("h2d", lambda: device.copy_to_device(host, stream=stream)),
+    ):
+        times = []
+        for _ in range(repeats + 1):
+            start, end = cuda.event(), cuda.event()
+            start.record(stream)
+            copy()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        result[name] = gbps(nbytes, statistics.median(times[1:]))
+    return result
+
+
+class ChunkBench:
+    """One chunk size: a KV cache of `layers` layers of `2 * blocks` blocks, a pool as large."""
+
+    def __init__(self, chunk: int, layers: int, job_bytes: int, threads_per_block: int) -> None:
+        self.chunk = chunk
+        self.threads_per_block = threads_per_block
+        self.blocks = max(1, job_bytes // (layers * chunk))
+        self.arrays = [cuda.device_array((2 * self.blocks, 1, chunk), dtype=np.uint8) for _ in range(layers)]
+        self.layout = KVLayout.from_arrays(LayoutKind.MLA, self.arrays)
+        self.pool = HostPool.for_layout(self.layout, 2 * self.blocks)
+        self.job_bytes = self.blocks * self.layout.block_bytes
+        rng = np.random.default_rng(chunk)
+        self.gpu_ids = rng.permutation(2 * self.blocks)
+        self.host_ids = rng.permutation(2 * self.blocks)
+        self._next_job = 0
+
+    def engine(self, thread_blocks: int | None, seconds: list) -> TransferEngine:
+        return TransferEngine(
+            self.layout,
+            self.pool,
+            max_thread_blocks=thread_blocks,
+            threads_per_block=self.threads_per_block,
+            on_job_done=lambda *report: seconds.append(report[3]),
+        )
+
+    def job_id(self) -> int:
+        self._next_job += 1
+        return self._next_job
+
+    def one_direction(self, thread_blocks: int | None, direction: str, repeats: int) -> float:
+        seconds: list[float] = []
+        engine = self.engine(thread_blocks, seconds)
+        for _ in range(repeats + 1):  # the first run warms up
+            job = self.job_id()
+            engine.submit(job, direction, self.gpu_ids[: self.blocks], self.host_ids[: self.blocks])
+            engine.wait(job)
+        return gbps(self.job_bytes, statistics.median(seconds[1:]))
+
+    def concurrent(self, repeats: int) -> float:
+        """A store of one half and a load of the other half in flight together: total GB/s."""
+        engine = self.engine(None, [])
+        half = slice(self.blocks, 2 * self.blocks)
+        walls = []
+        for _ in range(repeats + 1):
+            cuda.synchronize()
+            started = time.perf_counter()
+            store, load = self.job_id(), self.job_id()
+            engine.submit(store, "store", self.gpu_ids[: self.blocks], self.host_ids[: self.blocks])
+            engine.submit(load, "load", self.gpu_ids[half], self.host_ids[half])
+            engine.wait(store)
+            engine.wait(load)
+            walls.append(time.perf_counter() - started)
+        return gbps(2 * self.job_bytes, statistics.median(walls[1:]))
+
+    def submit_seconds(self, submits: int, blocks: int) -> float:
+        """Median host time of one submit of `blocks` blocks (validation, id upload, launch)."""
+        engine = self.engine(None, [])
+        times = []
+        for _ in range(submits + 1):
+            job = self.job_id()
+            started = time.perf_counter()
+            engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
+            times.append(time.perf_counter() - started)
+            engine.wait(job)
+        return statistics.median(times[1:])
+
+    def naive(self, copies: int) -> dict:
+        """One cudaMemcpyAsync per block and layer from Python, over the first `copies` of them."""
+        stream = cuda.stream()
+        host = self.pool.blocks
+        layers = len(self.arrays)
+        pairs = [
+            (self.gpu_ids[i // layers], self.host_ids[i // layers], i % layers)
+            for i in range(min(copies, self.blocks * layers))
+        ]
+        result = {}
+        for name in ("d2h", "h2d"):
+            cuda.synchronize()
+            started = time.perf_counter()
+            for gpu_id, host_id, layer in pairs:
+                device = self.arrays[layer][gpu_id, 0]
+                target = host[host_id, layer * self.chunk : (layer + 1) * self.chunk]
+                if name == "d2h":
+                    device.copy_to_host(target, stream=stream)
+                else:
+                    device.copy_to_device(target, stream=stream)
+            stream.synchronize()
+            result[name] = gbps(len(pairs) * self.chunk, time.perf_counter() - started)
+        return result
+
+
+def compile_probe() -> dict:
+    """Kernel compile (or disk-cache load) seconds in this process."""
+    for name in ("gather", "scatter"):
+        get_kernel(name, np.dtype(np.uint64))
+    return dict(COMPILE_SECONDS)
+
+
+def fresh_process_compile() -> dict | None:
+    """The same probe in a new process: with the on-disk cache warm, this is the restart cost."""
+    if ON_SIMULATOR:
+        return None
+    output = subprocess.run(
+        [sys.executable, __file__, "--compile-probe"], capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def run(config: dict, out: Path) -> dict:
+    device = cuda.get_current_device()
+    name = getattr(device, "name", "simulator")
+    report = {
+        "device": name.decode() if isinstance(name, bytes) else str(name),
+        "sm_count": getattr(device, "MULTIPROCESSOR_COUNT", None),
+        "simulator": ON_SIMULATOR,
+        "python": platform.python_version(),
+        "config": config,
+        "compile_seconds_first_call": compile_probe(),
+        "compile_seconds_fresh_process": fresh_process_compile(),
+    }
+    job_bytes = int(config["job_mib"] * 2**20)
+    report["dma_ceiling_gbps"] = dma_ceiling(job_bytes, config["repeats"])
+    rows = []
+    for chunk in config["chunks"]:
+        bench = ChunkBench(chunk, config["layers"], job_bytes, config["threads_per_block"])
+        row = {
+            "chunk_bytes": chunk,
+            "blocks_per_job": bench.blocks,
+            "job_bytes": bench.job_bytes,
+            "gather_gbps": {},
+            "scatter_gbps": {},
+        }
+        for blocks in config["thread_blocks"]:
+            key = "all" if blocks is None else str(blocks)
+            row["gather_gbps"][key] = bench.one_direction(blocks, "store", config["repeats"])
+            row["scatter_gbps"][key] = bench.one_direction(blocks, "load", config["repeats"])
+        row["concurrent_gbps"] = bench.concurrent(config["repeats"])
+        row["naive_gbps"] = bench.naive(config["naive_copies"])
+        row["submit_us_median"] = bench.submit_seconds(config["submits"], bench.blocks) * 1e6
+        row["submit_us_median_16_blocks"] = bench.submit_seconds(config["submits"], min(16, bench.blocks)) * 1e6
+        rows.append(row)
+        del bench
+    report["rows"] = rows
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print_table(report)
+    print(f"\nwrote {out}")
+    return report
+
+
+def print_table(report: dict) -> None:
+    ceiling = report["dma_ceiling_gbps"]
+    print(f"device: {report['device']} (SMs: {report['sm_count']}, simulator: {report['simulator']})")
+    print(f"DMA ceiling: d2h {ceiling['d2h']:.1f} GB/s, h2d {ceiling['h2d']:.1f} GB/s")
+    print(f"kernel compile, first call: {report['compile_seconds_first_call']}")
+    print(f"kernel compile, fresh process: {report['compile_seconds_fresh_process']}")
+    keys = list(report["rows"][0]["gather_gbps"])
+    header = (
+        ["chunk KiB", "dir"]
+        + [f"tb={k}" for k in keys]
+        + ["% ceil", "% ceil@16", "naive", "concurrent", "x one dir", "submit us", "submit16 us"]
+    )
+    print(" | ".join(f"{h:>10}" for h in header))
+    for row in report["rows"]:
+        for direction, name, link in (("gather_gbps", "gather", "d2h"), ("scatter_gbps", "scatter", "h2d")):
+            speeds = row[direction]
+            best_one = max(max(row["gather_gbps"].values()), max(row["scatter_gbps"].values()))
+            cells = [f"{row['chunk_bytes'] / 1024:g}", name] + [f"{speeds[k]:.1f}" for k in keys]
+            cells += [
+                f"{100 * speeds['all'] / ceiling[link]:.0f}%",
+                f"{100 * speeds['16'] / ceiling[link]:.0f}%" if "16" in speeds else "-",
+                f"{row['naive_gbps'][link]:.2f}",
+                f"{row['concurrent_gbps']:.1f}",
+                f"{row['concurrent_gbps'] / best_one:.2f}",
+                f"{row['submit_us_median']:.1f}",
+                f"{row['submit_us_median_16_blocks']:.1f}",
+            ]
+            print(" | ".join(f"{c:>10}" for c in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a tiny configuration (for the simulator)")
+    parser.add_argument("--out", type=Path, default=Path("results/transfer_bandwidth.json"))
+    parser.add_argument("--threads-per-block", type=int, help="override the configuration's threads per block")
+    parser.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.compile_probe:
+        print(json.dumps(compile_probe()))
+        return
+    config = dict(SMOKE if args.smoke else FULL)
+    if args.threads_per_block:
+        config["threads_per_block"] = args.threads_per_block
+    run(config, args.out)
+
+
+if __name__ == "__main__":
+    main()

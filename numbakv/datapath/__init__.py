@@ -1,0 +1,19 @@
+"""The GPU data path: mapped host pool, KV layouts, transfer kernels and the transfer engine.
+
+Imported only when used: it pulls in Numba CUDA, which `import numbakv` must not.
+"""
+
+from numbakv.datapath.host_pool import HostPool
+from numbakv.datapath.kernels import COMPILE_SECONDS
+from numbakv.datapath.layouts import KVLayout, LayoutKind
+from numbakv.datapath.transfer import Direction, JobDoneCallback, TransferEngine
+
+__all__ = [
+    "COMPILE_SECONDS",
+    "Direction",
+    "HostPool",
+    "JobDoneCallback",
+    "KVLayout",
+    "LayoutKind",
+    "TransferEngine",
+]

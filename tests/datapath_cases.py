@@ -1,0 +1,70 @@
+"""Shared helpers for the data-path tests: engine-like KV caches of random bytes and their oracle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from numbakv.datapath import KVLayout, LayoutKind
+
+GPU_POISON = 0x5A
+HOST_POISON = 0xA5
+
+
+@dataclass
+class KVCache:
+    """Per-layer (or one cross-layer) device arrays, plus the layout built from them."""
+
+    kind: LayoutKind
+    arrays: list
+    layout: KVLayout
+
+    def host_copies(self) -> list[np.ndarray]:
+        return [array.copy_to_host() for array in self.arrays]
+
+    def block_bytes(self, copies: list[np.ndarray], block: int) -> bytes:
+        """The oracle: a block's bytes in host-block order (layer, then K/V), straight from NumPy."""
+        if self.kind is LayoutKind.FLASH_ATTN:
+            return b"".join(layer[kv, block].tobytes() for layer in copies for kv in range(2))
+        return b"".join(layer[block].tobytes() for layer in copies)
+
+    def poison(self) -> None:
+        """Fill the arrays (strided views too: simulated memory is NumPy) with the GPU poison."""
+        for array in self.arrays:
+            array._ary.view(np.uint8)[...] = GPU_POISON
+
+
+def random_array(rng: np.random.Generator, shape: tuple, dtype) -> np.ndarray:
+    """Random bytes (never all zero, never the poison pattern) viewed as `dtype`."""
+    dtype = np.dtype(dtype)
+    raw = rng.integers(1, 255, size=int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    raw[raw == GPU_POISON] = 1
+    raw[raw == HOST_POISON] = 2
+    return raw.view(dtype).reshape(shape)
+
+
+def make_cache(
+    kind: LayoutKind | str,
+    rng: np.random.Generator,
+    *,
+    num_layers: int = 3,
+    num_blocks: int = 8,
+    block_size: int = 2,
+    num_heads: int = 2,
+    head_size: int = 4,
+    dtype=np.float16,
+) -> KVCache:
+    kind = LayoutKind(kind)
+    if kind is LayoutKind.CROSS_LAYER:
+        shape = (num_blocks, num_layers, 2, block_size, num_heads, head_size)
+        arrays = [cuda.to_device(random_array(rng, shape, dtype))]
+        return KVCache(kind, arrays, KVLayout.from_arrays(kind, arrays[0]))
+    shape = {
+        LayoutKind.FLASH_ATTN: (2, num_blocks, block_size, num_heads, head_size),
+        LayoutKind.FLASHINFER: (num_blocks, 2, block_size, num_heads, head_size),
+        LayoutKind.MLA: (num_blocks, block_size, head_size),
+    }[kind]
+    arrays = [cuda.to_device(random_array(rng, shape, dtype)) for _ in range(num_layers)]
+    return KVCache(kind, arrays, KVLayout.from_arrays(kind, arrays))

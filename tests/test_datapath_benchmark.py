@@ -1,0 +1,25 @@
+"""The bandwidth benchmark runs end to end (a tiny configuration; the simulator reports no timings)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_bandwidth.py"
+
+
+def test_benchmark_writes_every_measurement(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("transfer_bandwidth", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = dict(bench.SMOKE, chunks=[512], job_mib=1 / 256, thread_blocks=[1, None])
+    out = tmp_path / "bandwidth.json"
+    bench.run(config, out)
+
+    report = json.loads(out.read_text())
+    assert set(report["dma_ceiling_gbps"]) == {"d2h", "h2d"}
+    (row,) = report["rows"]
+    assert row["chunk_bytes"] == 512 and row["job_bytes"] == row["blocks_per_job"] * 2 * 512
+    assert set(row["gather_gbps"]) == set(row["scatter_gbps"]) == {"1", "all"}
+    for key in ("concurrent_gbps", "naive_gbps", "submit_us_median", "submit_us_median_16_blocks"):
+        assert key in row
+    assert "gather" in capsys.readouterr().out

@@ -1,0 +1,96 @@
+"""KVLayout: every layout reduces to segments of an arena; bad engine arrays fail at construction."""
+
+import numpy as np
+import pytest
+from datapath_cases import make_cache, random_array
+from numba import cuda
+
+from numbakv.datapath import KVLayout, LayoutKind
+
+
+@pytest.mark.parametrize(
+    ("kind", "segments_per_layer", "chunk_bytes"),
+    [
+        (LayoutKind.FLASH_ATTN, 2, 2 * 2 * 4 * 2),  # K and V are separate runs
+        (LayoutKind.FLASHINFER, 1, 2 * 2 * 2 * 4 * 2),  # K and V adjacent: one run
+        (LayoutKind.MLA, 1, 2 * 4 * 2),
+    ],
+)
+def test_per_layer_geometry(kind, segments_per_layer, chunk_bytes):
+    cache = make_cache(kind, np.random.default_rng(0), num_layers=3)
+    layout = cache.layout
+    assert (layout.num_layers, layout.num_blocks, layout.dtype) == (3, 8, np.dtype(np.float16))
+    assert layout.num_segments == 3 * segments_per_layer
+    assert layout.chunk_bytes == chunk_bytes
+    assert layout.block_bytes == layout.num_segments * chunk_bytes
+
+
+def test_cross_layer_is_one_run_per_block():
+    cache = make_cache(LayoutKind.CROSS_LAYER, np.random.default_rng(0), num_layers=4)
+    layout = cache.layout
+    assert (layout.num_layers, layout.num_blocks, layout.num_segments) == (4, 8, 1)
+    assert layout.chunk_bytes == layout.block_stride == 4 * 2 * 2 * 2 * 4 * 2
+
+
+def test_cross_layer_accepts_a_one_element_list():
+    array = cuda.to_device(random_array(np.random.default_rng(0), (4, 2, 8), np.int8))
+    assert KVLayout.from_arrays("cross_layer", [array]).num_layers == 2
+
+
+def _layers(*shapes, dtype=np.float16):
+    rng = np.random.default_rng(1)
+    return [cuda.to_device(random_array(rng, shape, dtype)) for shape in shapes]
+
+
+BAD_LAYOUTS = [
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 2, 4)) + _layers((2, 4, 2, 2, 4), dtype=np.float32),
+        "layer 1 has dtype float32, layer 0 has float16",
+        id="dtype-mismatch",
+    ),
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 2, 4), (2, 5, 2, 2, 4)),
+        r"layer 1 has shape \(2, 5, 2, 2, 4\)",
+        id="shape-mismatch",
+    ),
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 2, 4))
+        + [cuda.to_device(random_array(np.random.default_rng(2), (2, 4, 2, 2, 8), np.float16))[..., :4]],
+        "layer 1 has strides",
+        id="strides-mismatch",
+    ),
+    pytest.param("flash_attn", _layers((2, 4, 2, 4)), r"expected a 5-D array \[2, num_blocks", id="flash-ndim"),
+    pytest.param("flash_attn", _layers((3, 4, 2, 2, 4)), "axis 0 must be 2", id="flash-kv-axis"),
+    pytest.param("flashinfer", _layers((4, 3, 2, 2, 4)), "axis 1 must be 2", id="flashinfer-kv-axis"),
+    pytest.param("mla", _layers((4, 2, 2, 4)), "expected a 3-D array", id="mla-ndim"),
+    pytest.param("cross_layer", _layers((4,)), "at least 2-D", id="cross-ndim"),
+    pytest.param("cross_layer", _layers((4, 2), (4, 2)), "expected one array, got 2", id="cross-two-arrays"),
+    pytest.param("mla", [], "at least one layer", id="no-layers"),
+    pytest.param("mla", _layers((0, 2, 4)), "empty KV cache", id="empty"),
+    pytest.param("nonsense", _layers((4, 2, 4)), "'nonsense' is not a valid LayoutKind", id="bad-kind"),
+]
+
+
+@pytest.mark.parametrize(("kind", "arrays", "message"), BAD_LAYOUTS)
+def test_bad_layouts_fail_at_construction(kind, arrays, message):
+    with pytest.raises(ValueError, match=message):
+        KVLayout.from_arrays(kind, arrays)
+
+
+def test_a_single_array_is_not_a_list_of_layers():
+    with pytest.raises(TypeError, match="expected a list of per-layer arrays"):
+        KVLayout.from_arrays("mla", _layers((4, 2, 4))[0])
+
+
+def test_objects_without_an_array_interface_are_rejected():
+    with pytest.raises(TypeError, match="__cuda_array_interface__"):
+        KVLayout.from_arrays("mla", [object()])
+
+
+def test_negative_strides_are_rejected():
+    array = cuda.to_device(random_array(np.random.default_rng(0), (4, 2, 4), np.float16))[::-1]
+    with pytest.raises(ValueError, match="negative strides"):
+        KVLayout.from_arrays("mla", [array])

@@ -1,0 +1,24 @@
+"""The data path's walls: it is imported only on demand and never reaches into the rest of numbakv."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    output = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(output.stdout.split())
+
+
+def test_datapath_imports_nothing_else_of_numbakv():
+    loaded = _loaded_after("import numbakv.datapath")
+    others = {name for name in loaded if name.startswith("numbakv.") and not name.startswith("numbakv.datapath")}
+    assert others == set()
+
+
+def test_importing_numbakv_does_not_pull_in_the_datapath_or_numba():
+    loaded = _loaded_after("import numbakv")
+    assert "numbakv.datapath" not in loaded and "numba" not in loaded
