@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from datapath_cases import HOST_POISON, make_cache
+from tests.datapath_cases import HOST_POISON, make_cache
 from numba import cuda
 
 from numbakv.datapath import COMPILE_SECONDS, Direction, HostPool, TransferEngine, kernels

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from datapath_cases import make_cache, random_array
+from tests.datapath_cases import make_cache, random_array
 from numba import cuda
 
 from numbakv.datapath import KVLayout, LayoutKind

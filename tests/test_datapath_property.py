@@ -1,7 +1,7 @@
 """Property: for any layout geometry, dtype and batch, a store then a load is byte-exact."""
 
 import numpy as np
-from datapath_cases import HOST_POISON, make_cache
+from tests.datapath_cases import HOST_POISON, make_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

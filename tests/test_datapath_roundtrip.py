@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
+from tests.datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
 from numba import cuda
 
 from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine
