@@ -86,7 +86,9 @@ class ChunkBench:
         self.chunk = chunk
         self.threads_per_block = threads_per_block
         self.blocks = max(1, job_bytes // (layers * chunk))
-        self.arrays = [cuda.device_array((2 * self.blocks, 1, chunk), dtype=np.uint8) for _ in range(layers)]
+        self.arrays = [
+            cuda.device_array((2 * self.blocks, 1, chunk), dtype=np.uint8) for _ in range(layers)
+        ]
         self.layout = KVLayout.from_arrays(LayoutKind.MLA, self.arrays)
         self.pool = HostPool.for_layout(self.layout, 2 * self.blocks)
         self.job_bytes = self.blocks * self.layout.block_bytes
@@ -218,7 +220,9 @@ def run(config: dict, out: Path) -> dict:
         row["concurrent_gbps"] = bench.concurrent(config["repeats"])
         row["naive_gbps"] = bench.naive(config["naive_copies"])
         row["submit_us_median"] = bench.submit_seconds(config["submits"], bench.blocks) * 1e6
-        row["submit_us_median_16_blocks"] = bench.submit_seconds(config["submits"], min(16, bench.blocks)) * 1e6
+        row["submit_us_median_16_blocks"] = (
+            bench.submit_seconds(config["submits"], min(16, bench.blocks)) * 1e6
+        )
         rows.append(row)
         del bench
     report["rows"] = rows
@@ -231,7 +235,9 @@ def run(config: dict, out: Path) -> dict:
 
 def print_table(report: dict) -> None:
     ceiling = report["dma_ceiling_gbps"]
-    print(f"device: {report['device']} (SMs: {report['sm_count']}, simulator: {report['simulator']})")
+    print(
+        f"device: {report['device']} (SMs: {report['sm_count']}, simulator: {report['simulator']})"
+    )
     print(f"DMA ceiling: d2h {ceiling['d2h']:.1f} GB/s, h2d {ceiling['h2d']:.1f} GB/s")
     print(f"kernel compile, first call: {report['compile_seconds_first_call']}")
     print(f"kernel compile, fresh process: {report['compile_seconds_fresh_process']}")
@@ -243,7 +249,10 @@ def print_table(report: dict) -> None:
     )
     print(" | ".join(f"{h:>10}" for h in header))
     for row in report["rows"]:
-        for direction, name, link in (("gather_gbps", "gather", "d2h"), ("scatter_gbps", "scatter", "h2d")):
+        for direction, name, link in (
+            ("gather_gbps", "gather", "d2h"),
+            ("scatter_gbps", "scatter", "h2d"),
+        ):
             speeds = row[direction]
             best_one = max(max(row["gather_gbps"].values()), max(row["scatter_gbps"].values()))
             cells = [f"{row['chunk_bytes'] / 1024:g}", name] + [f"{speeds[k]:.1f}" for k in keys]
@@ -260,10 +269,16 @@ def print_table(report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a tiny configuration (for the simulator)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny configuration (for the simulator)"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/transfer_bandwidth.json"))
-    parser.add_argument("--threads-per-block", type=int, help="override the configuration's threads per block")
+    parser.add_argument(
+        "--threads-per-block", type=int, help="override the configuration's threads per block"
+    )
     parser.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile_probe:

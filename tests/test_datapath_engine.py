@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from tests.datapath_cases import HOST_POISON, make_cache
 from numba import cuda
 
 from numbakv.datapath import COMPILE_SECONDS, Direction, HostPool, TransferEngine, kernels
+from tests.datapath_cases import HOST_POISON, make_cache
 
 
 @pytest.fixture
@@ -16,7 +16,9 @@ def cache():
 def _engine(cache, **options):
     pool = HostPool.for_layout(cache.layout, 8)
     pool.blocks[:] = HOST_POISON
-    return TransferEngine(cache.layout, pool, max_thread_blocks=2, threads_per_block=32, **options), pool
+    return TransferEngine(
+        cache.layout, pool, max_thread_blocks=2, threads_per_block=32, **options
+    ), pool
 
 
 def test_every_job_is_reported_once_with_its_bytes_and_time(cache):
@@ -81,4 +83,6 @@ def test_kernels_are_compiled_once_per_word_width(cache):
     _engine(cache)
     _engine(cache)
     assert {"gather[uint64]", "scatter[uint64]"} <= set(COMPILE_SECONDS)
-    assert kernels.get_kernel("gather", np.uint64) is kernels.get_kernel("gather", np.dtype(np.uint64))
+    assert kernels.get_kernel("gather", np.uint64) is kernels.get_kernel(
+        "gather", np.dtype(np.uint64)
+    )

@@ -31,7 +31,11 @@ def _random_tensor(torch, shape, dtype):
 
 def _make_cache(torch, kind, dtype):
     if kind is LayoutKind.CROSS_LAYER:
-        return [_random_tensor(torch, (NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE), dtype)]
+        return [
+            _random_tensor(
+                torch, (NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE), dtype
+            )
+        ]
     shape = {
         LayoutKind.FLASH_ATTN: (2, NUM_BLOCKS, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE),
         LayoutKind.FLASHINFER: (NUM_BLOCKS, 2, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE),
@@ -93,7 +97,9 @@ def test_unaligned_layers_round_trip(torch):
     block_bytes = 3 * 1000
     backing = _random_tensor(torch, (1 + 4 * NUM_BLOCKS * block_bytes,), torch.uint8)
     layers = [
-        backing[1 + i * NUM_BLOCKS * block_bytes : 1 + (i + 1) * NUM_BLOCKS * block_bytes].view(NUM_BLOCKS, 1, -1)
+        backing[1 + i * NUM_BLOCKS * block_bytes : 1 + (i + 1) * NUM_BLOCKS * block_bytes].view(
+            NUM_BLOCKS, 1, -1
+        )
         for i in range(4)
     ]
     layout = KVLayout.from_arrays(LayoutKind.MLA, layers)
@@ -103,7 +109,9 @@ def test_unaligned_layers_round_trip(torch):
     gpu_ids = np.random.default_rng(1).permutation(NUM_BLOCKS)[:16]
     engine.submit(1, "store", gpu_ids, np.arange(16), wait_event=torch.cuda.current_stream())
     assert engine.wait(1)
-    np.testing.assert_array_equal(pool.blocks, _blocks_as_bytes(torch, LayoutKind.MLA, layers, gpu_ids))
+    np.testing.assert_array_equal(
+        pool.blocks, _blocks_as_bytes(torch, LayoutKind.MLA, layers, gpu_ids)
+    )
 
 
 def test_concurrent_store_and_load(torch):

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from tests.datapath_cases import make_cache, random_array
 from numba import cuda
 
 from numbakv.datapath import KVLayout, LayoutKind
+from tests.datapath_cases import make_cache, random_array
 
 
 @pytest.mark.parametrize(
@@ -58,19 +58,34 @@ BAD_LAYOUTS = [
     pytest.param(
         "flash_attn",
         _layers((2, 4, 2, 2, 4))
-        + [cuda.to_device(random_array(np.random.default_rng(2), (2, 4, 2, 2, 8), np.float16))[..., :4]],
+        + [
+            cuda.to_device(random_array(np.random.default_rng(2), (2, 4, 2, 2, 8), np.float16))[
+                ..., :4
+            ]
+        ],
         "layer 1 has strides",
         id="strides-mismatch",
     ),
-    pytest.param("flash_attn", _layers((2, 4, 2, 4)), r"expected a 5-D array \[2, num_blocks", id="flash-ndim"),
+    pytest.param(
+        "flash_attn",
+        _layers((2, 4, 2, 4)),
+        r"expected a 5-D array \[2, num_blocks",
+        id="flash-ndim",
+    ),
     pytest.param("flash_attn", _layers((3, 4, 2, 2, 4)), "axis 0 must be 2", id="flash-kv-axis"),
-    pytest.param("flashinfer", _layers((4, 3, 2, 2, 4)), "axis 1 must be 2", id="flashinfer-kv-axis"),
+    pytest.param(
+        "flashinfer", _layers((4, 3, 2, 2, 4)), "axis 1 must be 2", id="flashinfer-kv-axis"
+    ),
     pytest.param("mla", _layers((4, 2, 2, 4)), "expected a 3-D array", id="mla-ndim"),
     pytest.param("cross_layer", _layers((4,)), "at least 2-D", id="cross-ndim"),
-    pytest.param("cross_layer", _layers((4, 2), (4, 2)), "expected one array, got 2", id="cross-two-arrays"),
+    pytest.param(
+        "cross_layer", _layers((4, 2), (4, 2)), "expected one array, got 2", id="cross-two-arrays"
+    ),
     pytest.param("mla", [], "at least one layer", id="no-layers"),
     pytest.param("mla", _layers((0, 2, 4)), "empty KV cache", id="empty"),
-    pytest.param("nonsense", _layers((4, 2, 4)), "'nonsense' is not a valid LayoutKind", id="bad-kind"),
+    pytest.param(
+        "nonsense", _layers((4, 2, 4)), "'nonsense' is not a valid LayoutKind", id="bad-kind"
+    ),
 ]
 
 

@@ -1,11 +1,11 @@
 """Property: for any layout geometry, dtype and batch, a store then a load is byte-exact."""
 
 import numpy as np
-from tests.datapath_cases import HOST_POISON, make_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numbakv.datapath import HostPool, LayoutKind, TransferEngine
+from tests.datapath_cases import HOST_POISON, make_cache
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

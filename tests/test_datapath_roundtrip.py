@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from tests.datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
 from numba import cuda
 
 from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine
+from tests.datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
 
 NUM_HOST_BLOCKS = 6
 
@@ -37,7 +37,9 @@ def _round_trip(cache: KVCache, rng: np.random.Generator, count: int) -> None:
     assert sorted(engine.get_finished()) == [("load", True), ("store", True)]
 
     restored = cache.host_copies()
-    poisoned = [np.full(l.nbytes, GPU_POISON, np.uint8).view(l.dtype).reshape(l.shape) for l in original]
+    poisoned = [
+        np.full(l.nbytes, GPU_POISON, np.uint8).view(l.dtype).reshape(l.shape) for l in original
+    ]
     for gpu_id, source_id in zip(load_gpu_ids, gpu_ids):
         assert cache.block_bytes(restored, gpu_id) == cache.block_bytes(original, source_id)
     for gpu_id in np.setdiff1d(np.arange(cache.layout.num_blocks), load_gpu_ids):
@@ -77,7 +79,10 @@ def test_unaligned_layer_addresses_fall_back_to_bytes():
     layer_bytes = num_blocks * head_size * 4
     backing = cuda.to_device(random_array(rng, (1 + 3 * layer_bytes,), np.uint8))
     layers = [
-        backing[1 + i * layer_bytes : 1 + (i + 1) * layer_bytes].reshape(num_blocks, 1, head_size * 4) for i in range(3)
+        backing[1 + i * layer_bytes : 1 + (i + 1) * layer_bytes].reshape(
+            num_blocks, 1, head_size * 4
+        )
+        for i in range(3)
     ]
     layout = KVLayout.from_arrays(LayoutKind.MLA, layers)
     assert layout.word == np.dtype(np.uint8)
@@ -120,7 +125,13 @@ def test_long_chunks_take_the_unrolled_loop_and_its_tail(head_size):
     """Chunks of 165 and 300 words: the four-at-a-time loop runs, then the one-at-a-time tail."""
     rng = np.random.default_rng(head_size)
     cache = make_cache(
-        LayoutKind.MLA, rng, num_layers=2, num_blocks=4, block_size=1, head_size=head_size, dtype=np.float32
+        LayoutKind.MLA,
+        rng,
+        num_layers=2,
+        num_blocks=4,
+        block_size=1,
+        head_size=head_size,
+        dtype=np.float32,
     )
     assert cache.layout.chunk_bytes // cache.layout.word.itemsize in (165, 300)
     _round_trip(cache, rng, count=3)

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from tests.datapath_cases import HOST_POISON, make_cache
 
 from numbakv.datapath import HostPool, TransferEngine
+from tests.datapath_cases import HOST_POISON, make_cache
 
 NUM_HOST_BLOCKS = 5
 
@@ -20,24 +20,87 @@ def setup():
 
 
 BAD_SUBMITS = [
-    pytest.param("store", [0, 6], [0, 1], IndexError, r"gpu_block_ids must lie in \[0, 6\), got 6", id="gpu-id-high"),
     pytest.param(
-        "load", [-1, 2], [0, 1], IndexError, r"gpu_block_ids must lie in \[0, 6\), got -1", id="gpu-id-negative"
+        "store",
+        [0, 6],
+        [0, 1],
+        IndexError,
+        r"gpu_block_ids must lie in \[0, 6\), got 6",
+        id="gpu-id-high",
     ),
-    pytest.param("store", [0, 1], [0, 5], IndexError, r"host_block_ids must lie in \[0, 5\), got 5", id="host-id-high"),
-    pytest.param("store", [0, 1, 2], [0, 1], ValueError, "lengths must match", id="length-mismatch"),
-    pytest.param("store", [0, 1], [3, 3], ValueError, "host_block_ids .* must be unique", id="duplicate-host-dest"),
-    pytest.param("load", [2, 2], [0, 1], ValueError, "gpu_block_ids .* must be unique", id="duplicate-gpu-dest"),
     pytest.param(
-        "store", [0] * 12, [1] * 12, ValueError, "host_block_ids .* must be unique", id="more-ids-than-blocks"
+        "load",
+        [-1, 2],
+        [0, 1],
+        IndexError,
+        r"gpu_block_ids must lie in \[0, 6\), got -1",
+        id="gpu-id-negative",
     ),
-    pytest.param("store", np.array([0.0, 1.0]), [0, 1], TypeError, "gpu_block_ids must hold integers", id="float-ids"),
     pytest.param(
-        "store", [0, 1], np.array([True, False]), TypeError, "host_block_ids must hold integers", id="bool-ids"
+        "store",
+        [0, 1],
+        [0, 5],
+        IndexError,
+        r"host_block_ids must lie in \[0, 5\), got 5",
+        id="host-id-high",
     ),
-    pytest.param("store", np.array([[0, 1]]), [0, 1], ValueError, "gpu_block_ids must be 1-D", id="2d-ids"),
-    pytest.param("store", "01", [0, 1], TypeError, "gpu_block_ids must be an integer NumPy array", id="string-ids"),
-    pytest.param("sideways", [0], [0], ValueError, "direction must be 'store' or 'load'", id="bad-direction"),
+    pytest.param(
+        "store", [0, 1, 2], [0, 1], ValueError, "lengths must match", id="length-mismatch"
+    ),
+    pytest.param(
+        "store",
+        [0, 1],
+        [3, 3],
+        ValueError,
+        "host_block_ids .* must be unique",
+        id="duplicate-host-dest",
+    ),
+    pytest.param(
+        "load",
+        [2, 2],
+        [0, 1],
+        ValueError,
+        "gpu_block_ids .* must be unique",
+        id="duplicate-gpu-dest",
+    ),
+    pytest.param(
+        "store",
+        [0] * 12,
+        [1] * 12,
+        ValueError,
+        "host_block_ids .* must be unique",
+        id="more-ids-than-blocks",
+    ),
+    pytest.param(
+        "store",
+        np.array([0.0, 1.0]),
+        [0, 1],
+        TypeError,
+        "gpu_block_ids must hold integers",
+        id="float-ids",
+    ),
+    pytest.param(
+        "store",
+        [0, 1],
+        np.array([True, False]),
+        TypeError,
+        "host_block_ids must hold integers",
+        id="bool-ids",
+    ),
+    pytest.param(
+        "store", np.array([[0, 1]]), [0, 1], ValueError, "gpu_block_ids must be 1-D", id="2d-ids"
+    ),
+    pytest.param(
+        "store",
+        "01",
+        [0, 1],
+        TypeError,
+        "gpu_block_ids must be an integer NumPy array",
+        id="string-ids",
+    ),
+    pytest.param(
+        "sideways", [0], [0], ValueError, "direction must be 'store' or 'load'", id="bad-direction"
+    ),
 ]
 
 
@@ -69,7 +132,11 @@ def test_duplicate_sources_are_allowed(setup):
     cache, pool, engine = setup
     engine.submit(1, "store", [4, 4], [0, 1])
     assert engine.wait(1)
-    assert pool.blocks[0].tobytes() == pool.blocks[1].tobytes() == cache.block_bytes(cache.host_copies(), 4)
+    assert (
+        pool.blocks[0].tobytes()
+        == pool.blocks[1].tobytes()
+        == cache.block_bytes(cache.host_copies(), 4)
+    )
 
 
 def test_job_id_in_flight_is_rejected_until_reported(setup):

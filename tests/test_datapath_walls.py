@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _loaded_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
-    output = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    output = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return set(output.stdout.split())
 
 
@@ -22,7 +24,11 @@ def test_datapath_imports_nothing_else_of_numbakv():
                 imported.add(node.module)
             elif isinstance(node, ast.Import):
                 imported.update(alias.name for alias in node.names)
-    others = {name for name in imported if name.startswith("numbakv") and not name.startswith("numbakv.datapath")}
+    others = {
+        name
+        for name in imported
+        if name.startswith("numbakv") and not name.startswith("numbakv.datapath")
+    }
     assert others == set()
 
 

@@ -21,7 +21,9 @@ class HostPool:
 
     def __init__(self, num_blocks: int, block_bytes: int) -> None:
         if num_blocks <= 0 or block_bytes <= 0:
-            raise ValueError(f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}")
+            raise ValueError(
+                f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}"
+            )
         started = time.perf_counter()
         self._mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
         self.pin_seconds: float = time.perf_counter() - started

@@ -115,7 +115,9 @@ def _as_layer_list(kind: LayoutKind, kv_caches: Any) -> list:
             raise ValueError(f"cross_layer: expected one array, got {len(arrays)}")
         return arrays
     if not isinstance(kv_caches, (list, tuple)):
-        raise TypeError(f"{kind.value}: expected a list of per-layer arrays, got {type(kv_caches).__name__}")
+        raise TypeError(
+            f"{kind.value}: expected a list of per-layer arrays, got {type(kv_caches).__name__}"
+        )
     if not kv_caches:
         raise ValueError(f"{kind.value}: expected at least one layer, got an empty list")
     return list(kv_caches)
@@ -123,14 +125,20 @@ def _as_layer_list(kind: LayoutKind, kv_caches: Any) -> list:
 
 def _check_shape(kind: LayoutKind, shape: tuple, strides: tuple) -> None:
     hint = _SHAPE_HINT[kind]
-    expected_ndim = {LayoutKind.FLASH_ATTN: 5, LayoutKind.FLASHINFER: 5, LayoutKind.MLA: 3}.get(kind)
+    expected_ndim = {LayoutKind.FLASH_ATTN: 5, LayoutKind.FLASHINFER: 5, LayoutKind.MLA: 3}.get(
+        kind
+    )
     if expected_ndim is not None and len(shape) != expected_ndim:
-        raise ValueError(f"{kind.value}: expected a {expected_ndim}-D array {hint}, got shape {shape}")
+        raise ValueError(
+            f"{kind.value}: expected a {expected_ndim}-D array {hint}, got shape {shape}"
+        )
     if kind is LayoutKind.CROSS_LAYER and len(shape) < 2:
         raise ValueError(f"cross_layer: expected at least 2-D {hint}, got shape {shape}")
     kv_axis = {LayoutKind.FLASH_ATTN: 0, LayoutKind.FLASHINFER: 1}.get(kind)
     if kv_axis is not None and shape[kv_axis] != 2:
-        raise ValueError(f"{kind.value}: axis {kv_axis} must be 2 (K and V) in {hint}, got shape {shape}")
+        raise ValueError(
+            f"{kind.value}: axis {kv_axis} must be 2 (K and V) in {hint}, got shape {shape}"
+        )
     if 0 in shape:
         raise ValueError(f"{kind.value}: empty KV cache, shape {shape}")
     if any(stride < 0 for stride in strides):
@@ -140,16 +148,24 @@ def _check_shape(kind: LayoutKind, shape: tuple, strides: tuple) -> None:
         raise ValueError(f"{kind.value}: blocks overlap (block axis stride 0), strides {strides}")
 
 
-def _check_same_as_first(layer: int, interface: dict, shape: tuple, strides: tuple, dtype: np.dtype) -> None:
+def _check_same_as_first(
+    layer: int, interface: dict, shape: tuple, strides: tuple, dtype: np.dtype
+) -> None:
     other_dtype = np.dtype(interface["typestr"])
     if other_dtype != dtype:
-        raise ValueError(f"layer {layer} has dtype {other_dtype}, layer 0 has {dtype}: layers must agree")
+        raise ValueError(
+            f"layer {layer} has dtype {other_dtype}, layer 0 has {dtype}: layers must agree"
+        )
     other_shape = tuple(int(extent) for extent in interface["shape"])
     if other_shape != shape:
-        raise ValueError(f"layer {layer} has shape {other_shape}, layer 0 has {shape}: layers must agree")
+        raise ValueError(
+            f"layer {layer} has shape {other_shape}, layer 0 has {shape}: layers must agree"
+        )
     other_strides = interface_strides(interface)
     if other_strides != strides:
-        raise ValueError(f"layer {layer} has strides {other_strides}, layer 0 has {strides}: layers must agree")
+        raise ValueError(
+            f"layer {layer} has strides {other_strides}, layer 0 has {strides}: layers must agree"
+        )
 
 
 def _contiguous_chunks(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, np.ndarray]:
@@ -164,6 +180,8 @@ def _contiguous_chunks(shape: tuple, strides: tuple, itemsize: int) -> tuple[int
     return run_bytes, offsets
 
 
-def _widest_word(arena_base: int, chunk_bytes: int, block_stride: int, segment_offsets: np.ndarray) -> np.dtype:
+def _widest_word(
+    arena_base: int, chunk_bytes: int, block_stride: int, segment_offsets: np.ndarray
+) -> np.dtype:
     alignment = np.gcd.reduce(np.append(segment_offsets, [arena_base, chunk_bytes, block_stride]))
     return next(word for word in WORD_DTYPES if alignment % word.itemsize == 0)

@@ -62,7 +62,9 @@ class _Lane:
     id buffers once, and `destination_stamps` serves the duplicate check without allocating.
     """
 
-    def __init__(self, kernel: Any, threads_per_block: int, num_destinations: int, max_jobs_in_flight: int) -> None:
+    def __init__(
+        self, kernel: Any, threads_per_block: int, num_destinations: int, max_jobs_in_flight: int
+    ) -> None:
         self.kernel = kernel
         self.threads_per_block = threads_per_block
         self.stream = cuda.stream()
@@ -70,7 +72,9 @@ class _Lane:
         self.device_ids = cuda.device_array(2 * num_destinations, dtype=np.int64)
         self.dependency = cuda.event()
         self.free_slots = [
-            _Slot(cuda.pinned_array(2 * num_destinations, dtype=np.int64), cuda.event(), cuda.event())
+            _Slot(
+                cuda.pinned_array(2 * num_destinations, dtype=np.int64), cuda.event(), cuda.event()
+            )
             for _ in range(max_jobs_in_flight)
         ]
         self.in_flight: deque[_Job] = deque()
@@ -82,7 +86,9 @@ class _Lane:
         if launch is None:
             with warnings.catch_warnings():  # small grids are deliberate (capped, or small jobs)
                 warnings.simplefilter("ignore", NumbaPerformanceWarning)
-                launch = self.launchers[grid] = self.kernel[grid, self.threads_per_block, self.stream]
+                launch = self.launchers[grid] = self.kernel[
+                    grid, self.threads_per_block, self.stream
+                ]
         return launch
 
 
@@ -100,9 +106,13 @@ class TransferEngine:
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
         if host_pool.block_bytes != layout.block_bytes:
-            raise ValueError(f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}")
+            raise ValueError(
+                f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}"
+            )
         if threads_per_block % kernels.WARP_SIZE or not 0 < threads_per_block <= 1024:
-            raise ValueError(f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}")
+            raise ValueError(
+                f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}"
+            )
         if max_thread_blocks is not None and max_thread_blocks <= 0:
             raise ValueError(f"max_thread_blocks must be positive or None, got {max_thread_blocks}")
         if max_jobs_in_flight <= 0:
@@ -119,10 +129,17 @@ class TransferEngine:
         self._segments = cuda.to_device(layout.segment_offsets // word)
         self._block_stride = layout.block_stride // word
         self._chunk_words = layout.chunk_bytes // word
-        gather, scatter = kernels.get_kernel("gather", layout.word), kernels.get_kernel("scatter", layout.word)
+        gather, scatter = (
+            kernels.get_kernel("gather", layout.word),
+            kernels.get_kernel("scatter", layout.word),
+        )
         self._lanes = {
-            Direction.STORE: _Lane(gather, threads_per_block, host_pool.num_blocks, max_jobs_in_flight),
-            Direction.LOAD: _Lane(scatter, threads_per_block, layout.num_blocks, max_jobs_in_flight),
+            Direction.STORE: _Lane(
+                gather, threads_per_block, host_pool.num_blocks, max_jobs_in_flight
+            ),
+            Direction.LOAD: _Lane(
+                scatter, threads_per_block, layout.num_blocks, max_jobs_in_flight
+            ),
         }
         self._event_type = type(self._lanes[Direction.STORE].dependency)
         self._stream_type = type(self._lanes[Direction.STORE].stream)
@@ -147,7 +164,9 @@ class TransferEngine:
         """
         direction = _as_direction(direction)
         if job_id in self._jobs:
-            raise ValueError(f"job_id {job_id!r} is already in flight (or finished and not yet reported)")
+            raise ValueError(
+                f"job_id {job_id!r} is already in flight (or finished and not yet reported)"
+            )
         gpu_ids = _as_ids("gpu_block_ids", gpu_block_ids)
         host_ids = _as_ids("host_block_ids", host_block_ids)
         if len(gpu_ids) != len(host_ids):
@@ -172,9 +191,17 @@ class TransferEngine:
         slot.start.record(lane.stream)
         if count:
             upload_prefix(lane.device_ids, slot.staged_ids, 2 * count, lane.stream)
-            grid = kernels.grid_size(count * self.layout.num_segments, self.threads_per_block, self.max_thread_blocks)
+            grid = kernels.grid_size(
+                count * self.layout.num_segments, self.threads_per_block, self.max_thread_blocks
+            )
             lane.launcher(grid)(
-                self._arena, self._host, self._segments, lane.device_ids, count, self._block_stride, self._chunk_words
+                self._arena,
+                self._host,
+                self._segments,
+                lane.device_ids,
+                count,
+                self._block_stride,
+                self._chunk_words,
             )
         slot.end.record(lane.stream)
         job = _Job(job_id, direction, count * self.layout.block_bytes, slot)
@@ -197,6 +224,10 @@ class TransferEngine:
             self._reap(self._lanes[job.direction], block_until=job)
         return bool(job.success)
 
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.layout.num_blocks
+
     def completion_event(self, job_id: Hashable) -> Any | None:
         """An event the compute stream can wait on (`event.wait(stream)`) before using loaded blocks.
 
@@ -208,7 +239,9 @@ class TransferEngine:
     def _job(self, job_id: Hashable) -> _Job:
         job = self._jobs.get(job_id)
         if job is None:
-            raise KeyError(f"unknown job_id {job_id!r}: not submitted, or already reported by get_finished")
+            raise KeyError(
+                f"unknown job_id {job_id!r}: not submitted, or already reported by get_finished"
+            )
         return job
 
     def _check_unique(self, name: str, ids: np.ndarray, stamps: np.ndarray) -> None:
@@ -279,7 +312,9 @@ def _as_ids(name: str, ids: Any) -> np.ndarray:
     """`ids` as a 1-D int64 array: integer NumPy arrays as they are, lists converted once."""
     if not isinstance(ids, np.ndarray):
         if not isinstance(ids, (list, tuple)):
-            raise TypeError(f"{name} must be an integer NumPy array or a list of ints, got {type(ids).__name__}")
+            raise TypeError(
+                f"{name} must be an integer NumPy array or a list of ints, got {type(ids).__name__}"
+            )
         ids = np.asarray(ids) if len(ids) else np.empty(0, dtype=np.int64)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers (int64 or int32), got dtype {ids.dtype}")

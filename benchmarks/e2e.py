@@ -1,0 +1,153 @@
+"""End to end on a GPU: loading a prefix from the host tier versus recomputing it, and overlap.
+
+    python benchmarks/e2e.py [--out results/e2e.json]      # on a GPU (torch used if present)
+    python benchmarks/e2e.py --smoke                        # tiny, on the CUDA simulator
+
+1. Time to make a prefix of n blocks available: a load through the offloader versus prefill of the
+   same tokens (torch's scaled_dot_product_attention per layer, causal; or an assumed cost without
+   torch, stated in the output).
+2. Share of store time hidden behind compute: a store job alone, a busy compute stream alone, and
+   both at once; hidden = (store + compute - both) / store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+ASSUMED_PREFILL_TOKENS_PER_SECOND = 10_000.0  # an 8B model on one H100, when torch is absent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes for the simulator")
+    parser.add_argument("--out", default="results/e2e.json")
+    args = parser.parse_args()
+    if args.smoke:
+        import os
+
+        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    from numba import cuda
+
+    from numbakv import CPUOffloadingManager
+    from numbakv.datapath import HostPool, KVLayout, TransferEngine
+    from numbakv.offloader import KVOffloader
+
+    layers, block_size, heads, head = (2, 4, 1, 8) if args.smoke else (32, 16, 8, 128)
+    gpu_blocks, host_blocks = (32, 64) if args.smoke else (2048, 4096)
+    prefixes = [2, 8] if args.smoke else [16, 64, 256, 1024]
+    torch = None if args.smoke else _optional_torch()
+    shape = (2, gpu_blocks, block_size, heads, head)
+    if torch is not None:
+        kv = [torch.randn(shape, dtype=torch.float16, device="cuda") for _ in range(layers)]
+    else:
+        kv = [cuda.to_device(np.ones(shape, dtype=np.float16)) for _ in range(layers)]
+    layout = KVLayout.from_arrays("flash_attn", kv)
+    engine = TransferEngine(layout, HostPool.for_layout(layout, host_blocks), max_thread_blocks=16)
+    offloader = KVOffloader(CPUOffloadingManager(block_size, host_blocks), engine)
+    report: dict = {"block_bytes": layout.block_bytes, "load_vs_recompute": [], "overlap": None}
+
+    hashes = list(range(max(prefixes)))
+    offloader.wait(offloader.store(hashes, np.arange(len(hashes))))
+    print(
+        f"{'prefix blocks':>13} {'tokens':>7} {'load ms':>9} {'recompute ms':>13} {'speed-up':>9}"
+    )
+    for n in prefixes:
+        offloader.wait(offloader.load(hashes[:n], np.arange(n)))  # warm
+        started = time.perf_counter()
+        offloader.wait(offloader.load(hashes[:n], np.arange(n)))
+        load_s = time.perf_counter() - started
+        tokens = n * block_size
+        recompute_s, how = _prefill_seconds(torch, layers, heads, head, tokens)
+        row = {
+            "blocks": n,
+            "tokens": tokens,
+            "load_s": load_s,
+            "recompute_s": recompute_s,
+            "recompute": how,
+        }
+        report["load_vs_recompute"].append(row)
+        print(
+            f"{n:>13} {tokens:>7} {load_s * 1e3:>9.2f} {recompute_s * 1e3:>13.2f} {recompute_s / load_s:>8.1f}x  ({how})"
+        )
+    offloader.poll()
+
+    if torch is not None:
+        report["overlap"] = _overlap(torch, offloader, gpu_blocks, host_blocks)
+        o = report["overlap"]
+        print(
+            f"store alone {o['store_s'] * 1e3:.1f} ms, compute alone {o['compute_s'] * 1e3:.1f} ms, "
+            f"both {o['both_s'] * 1e3:.1f} ms: {o['hidden_share']:.0%} of the store hidden"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+def _optional_torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _prefill_seconds(torch, layers: int, heads: int, head: int, tokens: int) -> tuple[float, str]:
+    """Causal attention over `tokens` in every layer (a lower bound on real prefill)."""
+    if torch is None:
+        return (
+            tokens / ASSUMED_PREFILL_TOKENS_PER_SECOND,
+            f"assumed {ASSUMED_PREFILL_TOKENS_PER_SECOND:,.0f} tok/s",
+        )
+    q = torch.randn((1, heads, tokens, head), dtype=torch.float16, device="cuda")
+    attention = torch.nn.functional.scaled_dot_product_attention
+    attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(layers):
+        attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started, "torch SDPA, attention only"
+
+
+def _overlap(torch, offloader, gpu_blocks: int, host_blocks: int) -> dict:
+    """A store of half the GPU blocks against a stream busy with matmuls."""
+    n = min(gpu_blocks, host_blocks) // 2
+    stream = torch.cuda.Stream()
+    a = torch.randn((8192, 8192), dtype=torch.float16, device="cuda")
+
+    def compute() -> None:
+        with torch.cuda.stream(stream):
+            for _ in range(20):
+                a @ a
+
+    def store(first: int) -> int:
+        return offloader.store(list(range(10**6 + first, 10**6 + first + n)), np.arange(n))
+
+    def timed(action) -> float:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        action()
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    offloader.manager.reset_cache()
+    store_s = timed(lambda: offloader.wait(store(0)))
+    offloader.manager.reset_cache()
+    compute_s = timed(compute)
+    both_s = timed(lambda: (compute(), offloader.wait(store(n))))
+    offloader.poll()
+    return {
+        "store_s": store_s,
+        "compute_s": compute_s,
+        "both_s": both_s,
+        "hidden_share": max(0.0, (store_s + compute_s - both_s) / store_s),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The one place where the two halves meet, for an engine that runs them in one process.
+
+The manager decides (which host slots, what to evict) and the transfer engine moves bytes; the
+offloader turns one into the other and closes the loop when a job finishes: a finished store makes
+its blocks ready, a failed one frees them (nothing half-written ever becomes ready), and a finished
+load releases its pins. Engines with separate scheduler and worker processes ship the manager's
+plain specs across instead (see docs/OFFLOADER.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from numbakv.manager import CPUOffloadingManager
+from numbakv.specs import BlockHash
+
+OffloadMode = Literal["eager", "lazy"]
+
+
+class Transfers(Protocol):
+    """What the offloader needs of a transfer engine (numbakv.datapath.TransferEngine has it)."""
+
+    @property
+    def num_gpu_blocks(self) -> int: ...
+
+    def submit(
+        self,
+        job_id: Hashable,
+        direction: str,
+        gpu_block_ids: np.ndarray,
+        host_block_ids: np.ndarray,
+        wait_event: Any = None,
+    ) -> None: ...
+
+    def get_finished(self) -> list[tuple[Hashable, bool]]: ...
+
+    def wait(self, job_id: Hashable) -> bool: ...
+
+    def completion_event(self, job_id: Hashable) -> Any | None: ...
+
+
+@dataclass(frozen=True)
+class _Job:
+    direction: str
+    block_hashes: list
+
+
+class KVOffloader:
+    """Stores GPU KV blocks into the host pool and loads them back, keeping the manager in step.
+
+    `mode` says when the engine offloads: "eager" stores every block as soon as it is filled
+    (`blocks_filled`), "lazy" only blocks the engine is about to free (`blocks_freeing`), which
+    moves fewer bytes but makes the engine wait for the store before it reuses those GPU blocks.
+    """
+
+    def __init__(
+        self,
+        manager: CPUOffloadingManager,
+        transfers: Transfers,
+        mode: OffloadMode = "eager",
+    ) -> None:
+        if mode not in ("eager", "lazy"):
+            raise ValueError(f"mode must be 'eager' or 'lazy', got {mode!r}")
+        self.manager = manager
+        self.transfers = transfers
+        self.mode = mode
+        self._jobs: dict[int, _Job] = {}
+        self._job_ids = count()
+        self._finished: list[tuple[int, bool]] = []
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading blocks the host pool can load."""
+        return self.manager.lookup(block_hashes)
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Tell the host tier's policy the engine is using these blocks (first = most recent)."""
+        self.manager.touch(block_hashes)
+
+    def store(
+        self,
+        block_hashes: Sequence[BlockHash],
+        gpu_block_ids: Sequence[int],
+        wait_event: Any = None,
+    ) -> int | None:
+        """Offload these GPU blocks; returns the job id, or None if nothing needs (or can) be stored.
+
+        `wait_event` holds the copy back until the engine's compute has written the blocks.
+        """
+        gpu_ids = self._gpu_ids(block_hashes, gpu_block_ids)
+        output = self.manager.prepare_store(block_hashes)
+        if output is None or not output.block_hashes_to_store:
+            return None
+        to_store = output.block_hashes_to_store
+        if len(to_store) < len(block_hashes):
+            position = dict(zip(block_hashes, range(len(block_hashes))))
+            gpu_ids = gpu_ids[[position[block_hash] for block_hash in to_store]]
+        return self._submit("store", to_store, gpu_ids, output.store_spec.block_ids, wait_event)
+
+    def load(self, block_hashes: Sequence[BlockHash], gpu_block_ids: Sequence[int]) -> int:
+        """Bring these host blocks into the given GPU blocks; all must be ready (see `lookup`)."""
+        gpu_ids = self._gpu_ids(block_hashes, gpu_block_ids)
+        spec = self.manager.prepare_load(block_hashes)
+        return self._submit("load", list(block_hashes), gpu_ids, spec.block_ids, None)
+
+    def blocks_filled(
+        self,
+        block_hashes: Sequence[BlockHash],
+        gpu_block_ids: Sequence[int],
+        wait_event: Any = None,
+    ) -> int | None:
+        """The engine has computed these blocks: eager mode stores them now."""
+        if self.mode == "eager":
+            return self.store(block_hashes, gpu_block_ids, wait_event)
+        return None
+
+    def blocks_freeing(
+        self,
+        block_hashes: Sequence[BlockHash],
+        gpu_block_ids: Sequence[int],
+        wait_event: Any = None,
+    ) -> int | None:
+        """The engine is about to reuse these GPU blocks: lazy mode stores them first.
+
+        The engine must `wait` for the returned job before it overwrites the blocks.
+        """
+        if self.mode == "lazy":
+            return self.store(block_hashes, gpu_block_ids, wait_event)
+        return None
+
+    def _submit(self, direction, block_hashes, gpu_ids, host_ids, wait_event) -> int:
+        job_id = next(self._job_ids)
+        try:
+            self.transfers.submit(job_id, direction, gpu_ids, host_ids, wait_event)
+        except Exception:
+            self._settle(direction, block_hashes, success=False)
+            raise
+        self._jobs[job_id] = _Job(direction, block_hashes)
+        return job_id
+
+    def poll(self) -> list[tuple[int, bool]]:
+        """The jobs finished since the last poll, as (job id, success), with the manager updated."""
+        self._collect()
+        finished, self._finished = self._finished, []
+        return finished
+
+    def wait(self, job_id: int) -> bool:
+        """Block until the job finishes; returns its success. It is still reported by `poll`."""
+        if job_id not in self._jobs:
+            reported = [success for finished, success in self._finished if finished == job_id]
+            if reported:
+                return reported[0]
+            raise KeyError(f"job {job_id!r} is not in flight")
+        self.transfers.wait(job_id)
+        self._collect()
+        return next(success for finished, success in self._finished if finished == job_id)
+
+    def _collect(self) -> None:
+        for job_id, success in self.transfers.get_finished():
+            job = self._jobs.pop(job_id)
+            self._settle(job.direction, job.block_hashes, success)
+            self._finished.append((job_id, success))
+
+    def _settle(self, direction: str, block_hashes: list, success: bool) -> None:
+        if direction == "store":
+            self.manager.complete_store(block_hashes, success=success)
+        else:
+            self.manager.complete_load(block_hashes)
+
+    def completion_event(self, job_id: int) -> Any | None:
+        """What the compute stream waits on before it reads a load's blocks (None once done)."""
+        return self.transfers.completion_event(job_id)
+
+    @property
+    def jobs_in_flight(self) -> int:
+        return len(self._jobs)
+
+    def _gpu_ids(
+        self, block_hashes: Sequence[BlockHash], gpu_block_ids: Sequence[int]
+    ) -> np.ndarray:
+        """The GPU ids as int64, checked before the manager commits to anything."""
+        gpu_ids = np.asarray(gpu_block_ids)
+        if gpu_ids.ndim != 1 or len(gpu_ids) != len(block_hashes):
+            raise ValueError(
+                f"gpu_block_ids must be 1-D and as long as block_hashes ({len(block_hashes)}), "
+                f"got shape {gpu_ids.shape}"
+            )
+        if gpu_ids.size == 0:
+            return gpu_ids.astype(np.int64)
+        if not np.issubdtype(gpu_ids.dtype, np.integer):
+            raise TypeError(f"gpu_block_ids must be integers, got dtype {gpu_ids.dtype}")
+        limit = self.transfers.num_gpu_blocks
+        if gpu_ids.min() < 0 or gpu_ids.max() >= limit:
+            raise ValueError(
+                f"gpu_block_ids must lie in [0, {limit}), got {gpu_ids.min()}..{gpu_ids.max()}"
+            )
+        if len(np.unique(gpu_ids)) != len(gpu_ids):
+            raise ValueError("gpu_block_ids must not repeat a block")
+        return gpu_ids.astype(np.int64, copy=False)

@@ -1,0 +1,173 @@
+"""The offloader's full cycle on the CUDA simulator, with failures injected."""
+
+import numpy as np
+import pytest
+
+from numbakv import CPUOffloadingManager
+from numbakv.datapath import HostPool, TransferEngine
+from numbakv.demo import DemoConfig, DemoReport, StandInEngine, block_contents, build_kv_cache, run
+from numbakv.offloader import KVOffloader
+from tests.datapath_cases import make_cache
+
+
+class FlakyTransfers:
+    """A real engine whose chosen jobs fail, at submit or on completion."""
+
+    def __init__(self, engine, fail_jobs=(), refuse_jobs=()):
+        self.engine, self.fail_jobs, self.refuse_jobs = engine, set(fail_jobs), set(refuse_jobs)
+
+    num_gpu_blocks = property(lambda self: self.engine.num_gpu_blocks)
+
+    def submit(self, job_id, *args):
+        if job_id in self.refuse_jobs:
+            raise RuntimeError(f"job {job_id} refused")
+        self.engine.submit(job_id, *args)
+
+    def get_finished(self):
+        return [(j, ok and j not in self.fail_jobs) for j, ok in self.engine.get_finished()]
+
+    def wait(self, job_id):
+        return self.engine.wait(job_id) and job_id not in self.fail_jobs
+
+    def completion_event(self, job_id):
+        return self.engine.completion_event(job_id)
+
+
+@pytest.fixture
+def setup():
+    cache = make_cache("flash_attn", np.random.default_rng(7), num_layers=2, num_blocks=8)
+    pool = HostPool.for_layout(cache.layout, 6)
+    engine = TransferEngine(cache.layout, pool, threads_per_block=32, max_thread_blocks=2)
+    manager = CPUOffloadingManager(block_size=2, num_blocks=6, enable_events=True)
+    return cache, pool, engine, manager
+
+
+def test_store_then_load_moves_the_bytes_and_keeps_the_manager_in_step(setup):
+    cache, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    before = cache.host_copies()
+    job = offloader.store([b"a", b"b", b"c"], [5, 1, 3])
+    assert offloader.lookup([b"a", b"b", b"c"]) == 0  # in flight: not ready yet
+    assert offloader.wait(job) is True
+    assert offloader.lookup([b"a", b"b", b"c"]) == 3
+    assert offloader.poll() == [(job, True)]
+    assert offloader.poll() == []
+    cache.poison()
+    job = offloader.load([b"b", b"c"], [0, 7])
+    assert offloader.wait(job)
+    offloader.poll()
+    after = cache.host_copies()
+    assert cache.block_bytes(after, 0) == cache.block_bytes(before, 1)
+    assert cache.block_bytes(after, 7) == cache.block_bytes(before, 3)
+    assert manager.stats().being_read == 0
+    assert [e.removed for e in manager.take_events()] == [False]
+
+
+def test_only_blocks_not_yet_stored_are_copied(setup):
+    cache, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    offloader.wait(offloader.store([1, 2], [0, 1]))
+    copies = []
+    engine.on_job_done = lambda job, direction, nbytes, seconds, ok: copies.append(nbytes)
+    offloader.wait(offloader.store([1, 3, 2, 4], [0, 6, 1, 7]))
+    assert copies == [2 * cache.layout.block_bytes]
+    assert offloader.store([1, 2], [0, 1]) is None
+
+
+def test_a_failed_store_never_becomes_ready_and_is_reported(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, FlakyTransfers(engine, fail_jobs={0}))
+    job = offloader.store([1, 2], [0, 1])
+    assert offloader.wait(job) is False
+    assert offloader.poll() == [(job, False)]
+    assert offloader.lookup([1]) == 0
+    stats = manager.stats()
+    assert (stats.used, stats.failed_store_blocks, stats.being_stored) == (0, 2, 0)
+
+
+def test_a_refused_submit_rolls_the_manager_back(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, FlakyTransfers(engine, refuse_jobs={1}))
+    offloader.wait(offloader.store([1], [0]))
+    with pytest.raises(RuntimeError, match="refused"):
+        offloader.load([1], [4])
+    assert manager.stats().being_read == 0 and offloader.jobs_in_flight == 0
+    offloader.wait(offloader.load([1], [4]))  # job 2 goes through
+
+
+def test_a_reused_job_id_is_refused_by_the_engine_before_anything_moves(setup):
+    _, _, engine, _ = setup
+    engine.submit("job", "store", [0], [0])
+    with pytest.raises(ValueError, match="in flight"):
+        engine.submit("job", "store", [1], [1])
+    engine.wait("job")
+
+
+def test_a_load_of_blocks_evicted_meanwhile_is_refused(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    offloader.wait(offloader.store([1, 2, 3], [0, 1, 2]))
+    offloader.wait(offloader.store([4, 5, 6, 7], [3, 4, 5, 6]))  # 6 slots: evicts 1
+    with pytest.raises(KeyError, match="not cached"):
+        offloader.load([1, 2], [0, 1])
+    assert manager.stats().being_read == 0 and offloader.jobs_in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("gpu_ids", "error", "message"),
+    [
+        ([0], ValueError, "as long as"),
+        ([0, 8], ValueError, r"\[0, 8\)"),
+        ([2, 2], ValueError, "repeat"),
+        ([0.5, 1.0], TypeError, "integers"),
+    ],
+)
+def test_bad_gpu_ids_are_refused_before_the_manager_changes(setup, gpu_ids, error, message):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    before = manager.stats()
+    with pytest.raises(error, match=message):
+        offloader.store([1, 2], gpu_ids)
+    assert manager.stats() == before
+
+
+def test_mode_must_be_eager_or_lazy(setup):
+    with pytest.raises(ValueError, match="eager"):
+        KVOffloader(setup[3], setup[2], mode="sometimes")
+
+
+SMALL = DemoConfig(gpu_blocks=72, host_blocks=96, sessions=8)
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_demo_round_trips_every_loaded_block(mode):
+    report = run(DemoConfig(**{**SMALL.__dict__, "mode": mode}))
+    assert report.host_hits > 0 and report.verified == report.host_hits
+    assert report.mismatched == 0
+    assert report.gpu_hits + report.host_hits + report.computed == report.references
+
+
+def test_lazy_mode_stores_no_more_than_eager():
+    eager = run(SMALL)
+    lazy = run(DemoConfig(**{**SMALL.__dict__, "mode": "lazy"}))
+    assert lazy.blocks_moved["store"] < eager.blocks_moved["store"]
+
+
+def test_the_byte_check_catches_a_corrupted_host_block():
+    report = DemoReport()
+    engine = StandInEngine(SMALL, build_kv_cache(SMALL), report)
+    engine.serve([1, 2, 3])
+    engine.offloader.poll()
+    host_ids = engine.offloader.manager.prepare_load([2]).block_ids
+    engine.offloader.manager.complete_load([2])
+    engine.offloader.transfers.host_pool.blocks[host_ids[0], 0] ^= 0xFF
+    engine.gpu_cache.clear()
+    engine.free_gpu_blocks = list(range(SMALL.gpu_blocks))
+    engine.serve([1, 2, 3])
+    assert report.host_hits == 3 and report.mismatched == 1
+
+
+def test_block_contents_depend_on_the_hash_and_are_never_constant():
+    contents = block_contents(np.array([1, 2]), 100)
+    assert contents.shape == (2, 100) and not np.array_equal(contents[0], contents[1])
+    assert len(np.unique(contents[0])) > 10
