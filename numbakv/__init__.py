@@ -5,6 +5,7 @@ and is imported only when used, so a scheduler process or the metrics sidecar ne
 """
 
 from numbakv.manager import CPUOffloadingManager, ManagerStats
+from numbakv.offloader import KVOffloader
 from numbakv.policies import POLICIES, CachePolicy, resolve_policy
 from numbakv.specs import LoadStoreSpec, OffloadingEvent, PrepareStoreOutput
 
@@ -12,6 +13,7 @@ __all__ = [
     "POLICIES",
     "CPUOffloadingManager",
     "CachePolicy",
+    "KVOffloader",
     "LoadStoreSpec",
     "ManagerStats",
     "OffloadingEvent",

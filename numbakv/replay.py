@@ -2,8 +2,8 @@
 
     python -m numbakv.replay [TRACE] --policy lru --capacity 10000 [--json]
 
-Each request is looked up, touched, and its missing tail stored (see docs/REPLAY.md). Without a
-TRACE a built-in multi-turn chat workload is replayed.
+Each request is looked up, touched, and its missing tail stored (docs/MANAGER.md, "Replay").
+Without a TRACE a built-in multi-turn chat workload is replayed.
 """
 
 from __future__ import annotations
