@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -28,8 +29,6 @@ def main() -> None:
     parser.add_argument("--out", default="results/e2e.json")
     args = parser.parse_args()
     if args.smoke:
-        import os
-
         os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
     from numba import cuda
 

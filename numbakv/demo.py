@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import KVOffloader
+from numbakv.simulator import simulate_without_gpu
 from numbakv.traces import TraceError, read_hash_chains
 from numbakv.workloads import multi_turn_chat
 
@@ -54,6 +55,7 @@ class DemoReport:
     blocks_moved: dict = field(default_factory=lambda: {"store": 0, "load": 0})
     transfer_seconds: dict = field(default_factory=lambda: {"store": 0.0, "load": 0.0})
     seconds: float = 0.0
+    block_bytes: int = 0
 
 
 def block_contents(block_hashes: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -90,7 +92,7 @@ class StandInEngine:
 
         self.report = report
         layout = KVLayout.from_arrays("flash_attn", kv_arrays)
-        self.block_bytes = layout.block_bytes
+        self.block_bytes = report.block_bytes = layout.block_bytes
         launch = {
             "threads_per_block": config.threads_per_block,
             "max_thread_blocks": config.max_thread_blocks,
@@ -213,14 +215,14 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     return report
 
 
-def _print(report: DemoReport, config: DemoConfig, block_bytes: int) -> None:
+def _print(report: DemoReport, config: DemoConfig) -> None:
     hits = report.gpu_hits + report.host_hits
     print(
         f"workload       {config.trace or f'built-in multi-turn chat, {config.sessions} sessions'}"
     )
     print(
         f"cache          {config.gpu_blocks} GPU blocks, {config.host_blocks} host blocks "
-        f"({config.policy}, {config.mode} offload), {block_bytes:,} bytes a block"
+        f"({config.policy}, {config.mode} offload), {report.block_bytes:,} bytes a block"
     )
     print(f"requests       {report.requests:,}, {report.references:,} block references")
     print(
@@ -259,16 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
         )
     args = parser.parse_args(argv)
-    config = DemoConfig(**{k: v for k, v in vars(args).items()})
+    config = DemoConfig(**vars(args))
+    if simulate_without_gpu():
+        print("no CUDA GPU here: running on Numba's CUDA simulator (small sizes suit it)")
     try:
         report = run(config, progress=sys.stderr.isatty())
     except (TraceError, ValueError, TypeError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    _print(
-        report,
-        config,
-        2 * config.num_layers * config.block_size * config.num_kv_heads * config.head_size * 2,
-    )
+    _print(report, config)
     return 1 if report.mismatched else 0
 
 

@@ -1,20 +1,10 @@
 """Test-wide setup: the CUDA simulator stands in for a GPU on machines without one."""
 
-import ctypes.util
-import os
-
 import pytest
 
+from numbakv.simulator import simulate_without_gpu
 
-def _machine_has_cuda_driver() -> bool:
-    return ctypes.util.find_library("cuda") is not None or os.path.exists("/dev/nvidia0")
-
-
-# Numba reads this once, at its first import of numba.cuda: decide before any test imports it.
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _machine_has_cuda_driver():
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
-ON_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+ON_SIMULATOR = simulate_without_gpu()  # before any test imports numba.cuda
 
 
 def pytest_collection_modifyitems(config, items):
