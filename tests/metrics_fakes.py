@@ -55,3 +55,17 @@ class FakeManager:
 
     def skip(self, blocks: int) -> None:
         self._stats = replace(self._stats, stores_skipped=self._stats.stores_skipped + blocks)
+
+
+def run_workload(manager: FakeManager, metrics) -> None:
+    """A known sequence of manager and transfer operations; tests check every metric against it."""
+    manager.lookup(hits=3, misses=2)
+    manager.lookup(hits=0, misses=5)
+    manager.store(blocks=4, evicted=1)
+    manager.store(blocks=2, failed=1)
+    manager.load(blocks=3)
+    manager.skip(blocks=7)
+    metrics.on_job_done(1, "store", 4096, 0.0003, True)
+    metrics.on_job_done(2, "store", 2048, 0.002, True)
+    metrics.on_job_done(3, "store", 1024, 0.002, False)
+    metrics.on_job_done(4, "load", 3072, 3.0, True)

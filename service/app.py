@@ -1,0 +1,88 @@
+"""The sidecar's FastAPI application: read-only endpoints over the metrics directory."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from service.metrics_dir import MetricsDirectory
+from service.models import Health, Stats
+from service.settings import Settings
+from service.stats import MAX_WINDOW_S, RateWindow, summarize, totals_from
+
+
+class Sidecar:
+    """Everything the endpoints share: the directory, a registry over it, and the rate window."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.directory = MetricsDirectory(settings.metrics_dir)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.directory)
+        self.window = RateWindow(self.read_totals, settings.sample_interval_s)
+
+    def read_totals(self):
+        return totals_from(self.directory.read()[0], time.monotonic())
+
+
+def get_sidecar(request: Request) -> Sidecar:
+    """Dependency: the app's shared state."""
+    return request.app.state.sidecar
+
+
+SidecarDep = Annotated[Sidecar, Depends(get_sidecar)]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; the rate window samples from startup to shutdown."""
+    sidecar = Sidecar(settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        sidecar.window.start()
+        yield
+        sidecar.window.stop()
+
+    app = FastAPI(
+        title="numbakv sidecar",
+        summary="Serves the metrics an engine's processes wrote to a prometheus-client multiprocess directory.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.sidecar = sidecar
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    def metrics(side: SidecarDep, accept: Annotated[str | None, Header()] = None) -> Response:
+        """All processes' metrics merged: Prometheus text format, or OpenMetrics when the Accept header asks."""
+        encoder, content_type = choose_encoder(accept)
+        return Response(encoder(side.registry), media_type=content_type)
+
+    @app.get("/healthz")
+    def healthz(side: SidecarDep) -> Health:
+        """Always 200 while the sidecar runs; ``status`` is "degraded" when there is nothing (good) to read."""
+        state = side.directory.read()[1]
+        return Health(
+            status="ok" if state.problem is None else "degraded",
+            metrics_dir=state.path,
+            dir_exists=state.exists,
+            files=state.files,
+            unreadable_files=list(state.unreadable),
+            detail=state.problem,
+        )
+
+    @app.get("/stats")
+    def stats(
+        side: SidecarDep,
+        window_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="span of the rates, seconds")] = 60.0,
+    ) -> Stats:
+        """Hit ratio, occupancy, GB/s per direction and evictions/s over the last ``window_s`` seconds."""
+        now = side.read_totals()
+        return summarize(now, side.window.oldest_within(window_s, now.at))
+
+    return app
