@@ -2,33 +2,43 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from service.metrics_dir import MetricsDirectory
+from service.metrics_dir import MetricsDirectory, Snapshot
 from service.models import Health, Stats
 from service.settings import Settings
-from service.stats import MAX_WINDOW_S, RateWindow, summarize, totals_from
+from service.stats import MAX_WINDOW_S, RateWindow, Totals, summarize, totals_from
 
 
 class Sidecar:
-    """Everything the endpoints share: the directory, a registry over it, and the rate window."""
+    """Everything the endpoints share: the directory, its renderings, and the rate window."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.directory = MetricsDirectory(settings.metrics_dir)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.directory)
+        self.directory = MetricsDirectory(settings.metrics_dir, max_age_s=settings.cache_s)
         self.window = RateWindow(self.read_totals, settings.sample_interval_s)
+        self._lock = threading.Lock()
+        self._rendered: dict[str, tuple[Snapshot, bytes]] = {}
 
-    def read_totals(self):
-        return totals_from(self.directory.read()[0], time.monotonic())
+    def read_totals(self) -> Totals:
+        return totals_from(self.directory.snapshot().metrics, time.monotonic())
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """The metrics in the format ``accept`` asks for, rendered once per snapshot and format."""
+        encoder, content_type = choose_encoder(accept)
+        snapshot = self.directory.snapshot()
+        with self._lock:
+            cached = self._rendered.get(content_type)
+            if cached is None or cached[0] is not snapshot:
+                cached = self._rendered[content_type] = (snapshot, encoder(snapshot))
+            return cached[1], content_type
 
 
 def get_sidecar(request: Request) -> Sidecar:
@@ -60,13 +70,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     def metrics(side: SidecarDep, accept: Annotated[str | None, Header()] = None) -> Response:
         """All processes' metrics merged: Prometheus text format, or OpenMetrics when the Accept header asks."""
-        encoder, content_type = choose_encoder(accept)
-        return Response(encoder(side.registry), media_type=content_type)
+        body, content_type = side.exposition(accept)
+        return Response(body, media_type=content_type)
 
     @app.get("/healthz")
     def healthz(side: SidecarDep) -> Health:
         """Always 200 while the sidecar runs; ``status`` is "degraded" when there is nothing (good) to read."""
-        state = side.directory.read()[1]
+        state = side.directory.snapshot().state
         return Health(
             status="ok" if state.problem is None else "degraded",
             metrics_dir=state.path,

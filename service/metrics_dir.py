@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,42 @@ class DirectoryState:
         return None
 
 
-class MetricsDirectory(Collector):
-    """A collector over the directory's ``*.db`` files that never fails a scrape: bad files are skipped."""
+@dataclass(frozen=True)
+class Snapshot:
+    """The merged metrics of one read and what it found; ``collect()`` lets encoders render it."""
 
-    def __init__(self, path: str) -> None:
+    metrics: tuple[Metric, ...]
+    state: DirectoryState
+    taken_at: float
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)
+
+
+class MetricsDirectory:
+    """The directory's ``*.db`` files merged, never failing a scrape: unreadable files are skipped.
+
+    Reading merges every file (a few ms for tens of files); ``max_age_s`` lets concurrent scrapes
+    share one read, so a burst of scrapers costs one read per ``max_age_s``.
+    """
+
+    def __init__(self, path: str, max_age_s: float = 0.0) -> None:
         self.path = path
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._last: Snapshot | None = None
+
+    def snapshot(self) -> Snapshot:
+        """The last read if younger than ``max_age_s``, else a fresh one."""
+        with self._lock:
+            now = time.monotonic()
+            if self._last is None or now - self._last.taken_at >= self.max_age_s:
+                metrics, state = self.read()
+                self._last = Snapshot(tuple(metrics), state, now)
+            return self._last
 
     def read(self) -> tuple[list[Metric], DirectoryState]:
-        """Merge every readable file (counters summed, live gauges summed, histograms merged)."""
+        """Merge every readable file now (counters summed, live gauges summed, histograms merged)."""
         if not os.path.isdir(self.path):
             return [], DirectoryState(self.path, exists=False, files=0)
         files = sorted(glob.glob(os.path.join(self.path, "*.db")))
@@ -50,9 +79,6 @@ class MetricsDirectory(Collector):
             unreadable = tuple(os.path.basename(f) for f in files if f not in good)
             metrics = list(MultiProcessCollector.merge(good, accumulate=True))
             return metrics, DirectoryState(self.path, True, len(files), unreadable)
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self.read()[0]
 
 
 def _readable(path: str) -> bool:

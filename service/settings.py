@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 HOST_ENV = "NUMBAKV_SIDECAR_HOST"
 PORT_ENV = "NUMBAKV_SIDECAR_PORT"
 METRICS_DIR_ENV = "NUMBAKV_METRICS_DIR"
+CACHE_ENV = "NUMBAKV_SIDECAR_CACHE_SECONDS"
 DEFAULT_METRICS_DIR = "/tmp/numbakv-metrics"
 
 
@@ -20,6 +21,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 9464
     metrics_dir: str = DEFAULT_METRICS_DIR
+    cache_s: float = 0.25
+    """How long one read of the directory (and its rendering) answers every request."""
     sample_interval_s: float = 1.0
     """How often the rate window behind ``/stats`` takes a sample."""
 
@@ -35,7 +38,11 @@ def parse_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] = o
     parser.add_argument("--metrics-dir",
                         default=env.get(METRICS_DIR_ENV, env.get("PROMETHEUS_MULTIPROC_DIR", DEFAULT_METRICS_DIR)),
                         help=f"the engine's PROMETHEUS_MULTIPROC_DIR (env {METRICS_DIR_ENV}; default %(default)s)")
+    parser.add_argument("--cache-seconds", type=float, default=float(env.get(CACHE_ENV, Settings.cache_s)),
+                        help=f"reuse one read of the directory this long (env {CACHE_ENV}; default %(default)s)")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, not {args.port}")
-    return Settings(host=args.host, port=args.port, metrics_dir=args.metrics_dir)
+    if not 0 <= args.cache_seconds <= 60:
+        parser.error(f"--cache-seconds must be in 0..60, not {args.cache_seconds}")
+    return Settings(host=args.host, port=args.port, metrics_dir=args.metrics_dir, cache_s=args.cache_seconds)

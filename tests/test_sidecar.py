@@ -23,7 +23,7 @@ def metrics_dir(tmp_path_factory):
 
 
 def client(directory) -> TestClient:
-    return TestClient(create_app(Settings(metrics_dir=str(directory), sample_interval_s=0.05)))
+    return TestClient(create_app(Settings(metrics_dir=str(directory), cache_s=0.0, sample_interval_s=0.05)))
 
 
 def test_metrics_are_prometheus_text_by_default(metrics_dir):
@@ -116,6 +116,7 @@ def test_openapi_documents_the_endpoints(metrics_dir):
 def test_settings_come_from_flags_then_environment():
     env = {"NUMBAKV_SIDECAR_HOST": "0.0.0.0", "NUMBAKV_SIDECAR_PORT": "9000", "NUMBAKV_METRICS_DIR": "/m"}
     assert parse_settings([], env) == Settings(host="0.0.0.0", port=9000, metrics_dir="/m")
+    assert parse_settings(["--cache-seconds", "0"], env).cache_s == 0.0
     assert parse_settings(["--port", "9100", "--metrics-dir", "/x"], env).port == 9100
     assert parse_settings([], {}).host == "127.0.0.1"
     assert parse_settings([], {"PROMETHEUS_MULTIPROC_DIR": "/p"}).metrics_dir == "/p"
