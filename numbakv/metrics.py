@@ -94,7 +94,7 @@ def multiprocess_mode() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-@dataclass
+@dataclass(slots=True)
 class TransferTotals:
     """Running totals of one direction's transfer jobs; ``buckets`` are per-bucket (not cumulative) counts."""
 
@@ -202,6 +202,7 @@ class MultiprocessWriter:
         self._synced_transfers = {d: TransferTotals() for d in DIRECTIONS}
         self._counters = {}
         self._gauges = {}
+        self._gauge_values: dict[Gauge, float] = {}
         if manager is not None:
             labels = (manager.policy_name, instance)
             for attr, name, doc in MANAGER_COUNTERS:
@@ -236,12 +237,18 @@ class MultiprocessWriter:
                 child.inc(value - self._synced_stats[attr])
                 self._synced_stats[attr] = value
         for attr, child in self._gauges.items():
-            child.set(getattr(stats, attr))
+            self._set(child, getattr(stats, attr))
         policy = self._manager.policy_stats()
         if ARC_TARGET[0] in policy:
-            self._arc_target.set(policy[ARC_TARGET[0]])
+            self._set(self._arc_target, policy[ARC_TARGET[0]])
             for name, child in self._arc_lists.items():
-                child.set(policy.get(name, 0.0))
+                self._set(child, policy.get(name, 0.0))
+
+    def _set(self, child, value: float) -> None:
+        """Set a gauge only when it changed: each write to the shared file costs about a microsecond."""
+        if self._gauge_values.get(child) != value:
+            child.set(value)
+            self._gauge_values[child] = value
 
     def _sync_transfers(self) -> None:
         for direction, current in self._transfers.totals.items():

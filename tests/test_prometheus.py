@@ -72,3 +72,9 @@ def test_every_dashboard_query_returns_data(tmp_path):
         for w in writers:
             w.terminate()
             w.wait(timeout=10)
+
+
+def test_deploy_prometheus_config_is_valid():
+    config = os.path.join(os.path.dirname(generate.OUTPUT.parent), "deploy", "prometheus.yml")
+    result = subprocess.run(["promtool", "check", "config", config], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
