@@ -118,14 +118,17 @@ def main() -> None:
             base = f"http://127.0.0.1:{port}"
             wait_ready(f"{base}/healthz")
             size = len(httpx.get(f"{base}/metrics").content)
+            load_before = os.getloadavg()[0]
             latencies, errors, elapsed = asyncio.run(load(f"{base}/metrics", args.rate, args.duration))
+            load_after = os.getloadavg()[0]
         finally:
             sidecar.terminate()
             sidecar.wait()
     ms = [x * 1000 for x in latencies]
     print(f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in {elapsed:.1f} s "
           f"= {len(ms) / elapsed:.0f}/s, {errors} errors; latency ms: p50 {percentile(ms, 0.5):.1f} "
-          f"p90 {percentile(ms, 0.9):.1f} p99 {percentile(ms, 0.99):.1f} max {max(ms):.1f}")
+          f"p90 {percentile(ms, 0.9):.1f} p99 {percentile(ms, 0.99):.1f} max {max(ms):.1f}; "
+          f"1-min load average {load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

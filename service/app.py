@@ -41,8 +41,8 @@ class Sidecar:
             return cached[1], content_type
 
 
-def get_sidecar(request: Request) -> Sidecar:
-    """Dependency: the app's shared state."""
+async def get_sidecar(request: Request) -> Sidecar:
+    """Dependency: the app's shared state (async: no thread-pool hop per request)."""
     return request.app.state.sidecar
 
 
@@ -50,7 +50,11 @@ SidecarDep = Annotated[Sidecar, Depends(get_sidecar)]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; the rate window samples from startup to shutdown."""
+    """Build the app; the rate window samples from startup to shutdown.
+
+    Handlers are async: a request costs no thread hop, and the directory read that refreshes a stale
+    snapshot (a few ms, once per ``cache_s``) runs on the event loop while other requests wait for it anyway.
+    """
     sidecar = Sidecar(settings or Settings())
 
     @asynccontextmanager
@@ -68,13 +72,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sidecar = sidecar
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-    def metrics(side: SidecarDep, accept: Annotated[str | None, Header()] = None) -> Response:
+    async def metrics(side: SidecarDep, accept: Annotated[str | None, Header()] = None) -> Response:
         """All processes' metrics merged: Prometheus text format, or OpenMetrics when the Accept header asks."""
         body, content_type = side.exposition(accept)
         return Response(body, media_type=content_type)
 
     @app.get("/healthz")
-    def healthz(side: SidecarDep) -> Health:
+    async def healthz(side: SidecarDep) -> Health:
         """Always 200 while the sidecar runs; ``status`` is "degraded" when there is nothing (good) to read."""
         state = side.directory.snapshot().state
         return Health(
@@ -87,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @app.get("/stats")
-    def stats(
+    async def stats(
         side: SidecarDep,
         window_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="span of the rates, seconds")] = 60.0,
     ) -> Stats:
