@@ -31,6 +31,7 @@ from typing import Iterable, Iterator, Protocol
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 DIRECTIONS = ("store", "load")
 """Transfer directions: ``store`` is GPU to host, ``load`` host to GPU."""
@@ -112,7 +113,7 @@ class TransferRecorder:
     """Accumulates finished transfer jobs in plain ints: the engine's ``on_job_done`` callback.
 
     Calls must come from one thread at a time (the engine's completion loop); readers may run
-    concurrently and see totals at most one job old.
+    concurrently and may miss the job being recorded, which the next read includes.
     """
 
     def __init__(self) -> None:
@@ -133,7 +134,7 @@ def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:
     out, acc = [], 0
     for bound, count in zip((*DURATION_BUCKETS_SECONDS, float("inf")), buckets):
         acc += count
-        out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        out.append((floatToGoString(bound), acc))
     return out
 
 
