@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -28,7 +27,9 @@ class Sidecar:
         self._rendered: dict[str, tuple[Snapshot, bytes]] = {}
 
     def read_totals(self) -> Totals:
-        return totals_from(self.directory.snapshot().metrics, time.monotonic())
+        """The totals ``/stats`` needs, stamped with the time of the read they come from."""
+        snapshot = self.directory.snapshot()
+        return totals_from(snapshot.metrics, snapshot.taken_at)
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The metrics in the format ``accept`` asks for, rendered once per snapshot and format."""
