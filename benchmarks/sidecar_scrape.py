@@ -99,6 +99,12 @@ async def load(url: str, rate: float, duration_s: float) -> tuple[list[float], i
         return latencies, errors, time.perf_counter() - start
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1]
 
@@ -118,9 +124,9 @@ def main() -> None:
             base = f"http://127.0.0.1:{port}"
             wait_ready(f"{base}/healthz")
             size = len(httpx.get(f"{base}/metrics").content)
-            load_before = os.getloadavg()[0]
+            load_before, cpu_before = os.getloadavg()[0], cpu_seconds(sidecar.pid)
             latencies, errors, elapsed = asyncio.run(load(f"{base}/metrics", args.rate, args.duration))
-            load_after = os.getloadavg()[0]
+            load_after, cpu_per_scrape = os.getloadavg()[0], (cpu_seconds(sidecar.pid) - cpu_before) / len(latencies)
         finally:
             sidecar.terminate()
             sidecar.wait()
@@ -128,6 +134,7 @@ def main() -> None:
     print(f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in {elapsed:.1f} s "
           f"= {len(ms) / elapsed:.0f}/s, {errors} errors; latency ms: p50 {percentile(ms, 0.5):.1f} "
           f"p90 {percentile(ms, 0.9):.1f} p99 {percentile(ms, 0.99):.1f} max {max(ms):.1f}; "
+          f"sidecar CPU {cpu_per_scrape * 1000:.2f} ms per scrape; "
           f"1-min load average {load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} CPUs")
 
 

@@ -17,19 +17,39 @@ from service.stats import MAX_WINDOW_S, RateWindow, Totals, summarize, totals_fr
 
 
 class Sidecar:
-    """Everything the endpoints share: the directory, its renderings, and the rate window."""
+    """Everything the endpoints share: the directory, its renderings, the rate window, and the
+    background thread that re-reads the directory every ``cache_s`` and samples the window."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.directory = MetricsDirectory(settings.metrics_dir, max_age_s=settings.cache_s)
-        self.window = RateWindow(self.read_totals, settings.sample_interval_s)
+        # Twice the refresh period: a late refresh makes a request read, not serve stale data.
+        self.directory = MetricsDirectory(settings.metrics_dir, max_age_s=2 * settings.cache_s)
+        self.window = RateWindow()
         self._lock = threading.Lock()
         self._rendered: dict[str, tuple[Snapshot, bytes]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh_loop, name="numbakv-sidecar-refresh", daemon=True)
+
+    def start(self) -> None:
+        self.window.add(self.read_totals())
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
     def read_totals(self) -> Totals:
         """The totals ``/stats`` needs, stamped with the time of the read they come from."""
         snapshot = self.directory.snapshot()
         return totals_from(snapshot.metrics, snapshot.taken_at)
+
+    def _refresh_loop(self) -> None:
+        period = self.settings.cache_s or self.settings.sample_interval_s
+        while not self._stop.wait(period):
+            snapshot = self.directory.refresh()
+            latest = self.window.latest()
+            if latest is None or snapshot.taken_at - latest.at >= self.settings.sample_interval_s:
+                self.window.add(totals_from(snapshot.metrics, snapshot.taken_at))
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The metrics in the format ``accept`` asks for, rendered once per snapshot and format."""
@@ -53,16 +73,15 @@ SidecarDep = Annotated[Sidecar, Depends(get_sidecar)]
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the rate window samples from startup to shutdown.
 
-    Handlers are async: a request costs no thread hop, and the directory read that refreshes a stale
-    snapshot (a few ms, once per ``cache_s``) runs on the event loop while other requests wait for it anyway.
+    Handlers are async (no thread hop per request); they serve the background thread's last read.
     """
     sidecar = Sidecar(settings or Settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        sidecar.window.start()
+        sidecar.start()
         yield
-        sidecar.window.stop()
+        sidecar.stop()
 
     app = FastAPI(
         title="numbakv sidecar",

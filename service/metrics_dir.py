@@ -48,8 +48,9 @@ class Snapshot:
 class MetricsDirectory:
     """The directory's ``*.db`` files merged, never failing a scrape: unreadable files are skipped.
 
-    Reading merges every file (a few ms for tens of files); ``max_age_s`` lets concurrent scrapes
-    share one read, so a burst of scrapers costs one read per ``max_age_s``.
+    Reading merges every file (a few ms for tens of files): requests share the last read while it is
+    younger than ``max_age_s``, and a background :meth:`refresh` keeps it young, so no request waits
+    for a read.
     """
 
     def __init__(self, path: str, max_age_s: float = 0.0) -> None:
@@ -60,11 +61,17 @@ class MetricsDirectory:
 
     def snapshot(self) -> Snapshot:
         """The last read if younger than ``max_age_s``, else a fresh one."""
+        last = self._last
+        if last is not None and time.monotonic() - last.taken_at < self.max_age_s:
+            return last
+        return self.refresh()
+
+    def refresh(self) -> Snapshot:
+        """Read the directory now and keep the result for :meth:`snapshot`."""
         with self._lock:
-            now = time.monotonic()
-            if self._last is None or now - self._last.taken_at >= self.max_age_s:
-                metrics, state = self.read()
-                self._last = Snapshot(tuple(metrics), state, now)
+            taken_at = time.monotonic()
+            metrics, state = self.read()
+            self._last = Snapshot(tuple(metrics), state, taken_at)
             return self._last
 
     def read(self) -> tuple[list[Metric], DirectoryState]:

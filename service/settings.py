@@ -22,7 +22,7 @@ class Settings:
     port: int = 9464
     metrics_dir: str = DEFAULT_METRICS_DIR
     cache_s: float = 0.25
-    """How long one read of the directory (and its rendering) answers every request."""
+    """How often a background thread re-reads the directory; requests share its last read (0: read per request)."""
     sample_interval_s: float = 1.0
     """How often the rate window behind ``/stats`` takes a sample."""
 
@@ -39,7 +39,7 @@ def parse_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] = o
                         default=env.get(METRICS_DIR_ENV, env.get("PROMETHEUS_MULTIPROC_DIR", DEFAULT_METRICS_DIR)),
                         help=f"the engine's PROMETHEUS_MULTIPROC_DIR (env {METRICS_DIR_ENV}; default %(default)s)")
     parser.add_argument("--cache-seconds", type=float, default=float(env.get(CACHE_ENV, Settings.cache_s)),
-                        help=f"reuse one read of the directory this long (env {CACHE_ENV}; default %(default)s)")
+                        help=f"re-read the directory this often, in the background (env {CACHE_ENV}; default %(default)s)")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, not {args.port}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 from prometheus_client.metrics_core import Metric
 
@@ -94,38 +94,23 @@ def summarize(now: Totals, then: Totals | None) -> Stats:
 
 
 class RateWindow:
-    """Samples totals every ``interval_s`` from a daemon thread and keeps the last ``MAX_WINDOW_S`` seconds."""
+    """The totals sampled over the last ``MAX_WINDOW_S`` seconds, oldest first."""
 
-    def __init__(self, read_totals: Callable[[], Totals], interval_s: float = 1.0) -> None:
-        self._read_totals = read_totals
-        self._interval_s = interval_s
+    def __init__(self) -> None:
         self._samples: deque[Totals] = deque()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self.sample()
-        self._thread = threading.Thread(target=self._run, name="numbakv-sidecar-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def sample(self) -> None:
-        totals = self._read_totals()
+    def add(self, totals: Totals) -> None:
         with self._lock:
             self._samples.append(totals)
             while self._samples and self._samples[0].at < totals.at - MAX_WINDOW_S:
                 self._samples.popleft()
 
-    def oldest_within(self, window_s: float, now: float) -> Totals | None:
-        """The earliest sample no older than ``window_s`` before ``now``."""
+    def latest(self) -> Totals | None:
         with self._lock:
-            return next((s for s in self._samples if s.at >= now - window_s and s.at < now), None)
+            return self._samples[-1] if self._samples else None
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.sample()
+    def oldest_within(self, window_s: float, now: float) -> Totals | None:
+        """The earliest sample no older than ``window_s`` before ``now`` (and older than ``now``)."""
+        with self._lock:
+            return next((s for s in self._samples if now - window_s <= s.at < now), None)
