@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, replace
+
+WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_writer.py")
 
 
 @dataclass(frozen=True)
@@ -69,3 +74,48 @@ def run_workload(manager: FakeManager, metrics) -> None:
     metrics.on_job_done(2, "store", 2048, 0.002, True)
     metrics.on_job_done(3, "store", 1024, 0.002, False)
     metrics.on_job_done(4, "load", 3072, 3.0, True)
+
+
+EXPECTED = {
+    ("numbakv_lookups_total", (("instance", "gpu0"), ("policy", "arc"))): 2,
+    ("numbakv_hit_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
+    ("numbakv_missed_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
+    ("numbakv_evicted_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
+    ("numbakv_stored_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 6,
+    ("numbakv_failed_store_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
+    ("numbakv_loaded_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
+    ("numbakv_stores_skipped_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
+    ("numbakv_host_capacity_blocks", (("instance", "gpu0"), ("policy", "arc"))): 100,
+    ("numbakv_host_used_blocks", (("instance", "gpu0"), ("policy", "arc"))): 5,
+    ("numbakv_host_free_blocks", (("instance", "gpu0"), ("policy", "arc"))): 95,
+    ("numbakv_host_being_stored_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
+    ("numbakv_host_being_loaded_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
+    ("numbakv_arc_p_blocks", (("instance", "gpu0"), ("policy", "arc"))): 2,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t1"), ("policy", "arc"))): 2,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t2"), ("policy", "arc"))): 3,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b1"), ("policy", "arc"))): 0,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b2"), ("policy", "arc"))): 0,
+    ("numbakv_transfer_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 3,
+    ("numbakv_transfer_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 1,
+    ("numbakv_transfer_failed_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 1,
+    ("numbakv_transfer_failed_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 0,
+    ("numbakv_transfer_bytes_total", (("direction", "store"), ("instance", "gpu0"))): 6144,
+    ("numbakv_transfer_bytes_total", (("direction", "load"), ("instance", "gpu0"))): 3072,
+    ("numbakv_transfer_duration_seconds_count", (("direction", "store"), ("instance", "gpu0"))): 3,
+    ("numbakv_transfer_duration_seconds_sum", (("direction", "store"), ("instance", "gpu0"))): 0.0043,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0001"))): 0,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0005"))): 1,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0025"))): 3,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "+Inf"))): 3,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "2.5"))): 0,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "+Inf"))): 1,
+    ("numbakv_transfer_duration_seconds_sum", (("direction", "load"), ("instance", "gpu0"))): 3.0,
+}
+"""Every sample after one ``run_workload`` by a manager of capacity 100 and instance ``gpu0``."""
+
+
+def run_writers(directory, *writers: tuple[str, int]) -> None:
+    """Run one writer process (tests/metrics_writer.py) per (instance, repeats) at once, and wait for them."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    procs = [subprocess.Popen([sys.executable, WRITER, instance, str(repeats)], env=env) for instance, repeats in writers]
+    assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)

@@ -11,8 +11,8 @@ import tempfile
 import httpx
 import pytest
 
+from metrics_fakes import run_writers
 from servers import ROOT, free_port, wait_http
-from test_metrics_multiprocess import write
 
 pytestmark = pytest.mark.container
 
@@ -86,7 +86,7 @@ def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
     assert config == f"{IMAGE_UID}:{IMAGE_UID} [CMD python3 -m service.healthcheck] [numbakv-sidecar]"
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir(mode=0o755)
-    write(metrics_dir, ("gpu0", 1))
+    run_writers(metrics_dir, ("gpu0", 1))
     port = free_port()
     container = buildah("from", image)
     env = ["--env", "NUMBAKV_SIDECAR_HOST=127.0.0.1", "--env", f"NUMBAKV_SIDECAR_PORT={port}"]

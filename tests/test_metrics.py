@@ -10,44 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from numbakv.metrics import DURATION_BUCKETS_SECONDS, OffloadMetrics
-from metrics_fakes import FakeManager, run_workload
-
-
-EXPECTED = {
-    ("numbakv_lookups_total", (("instance", "gpu0"), ("policy", "arc"))): 2,
-    ("numbakv_hit_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
-    ("numbakv_missed_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
-    ("numbakv_evicted_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
-    ("numbakv_stored_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 6,
-    ("numbakv_failed_store_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
-    ("numbakv_loaded_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
-    ("numbakv_stores_skipped_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
-    ("numbakv_host_capacity_blocks", (("instance", "gpu0"), ("policy", "arc"))): 100,
-    ("numbakv_host_used_blocks", (("instance", "gpu0"), ("policy", "arc"))): 5,
-    ("numbakv_host_free_blocks", (("instance", "gpu0"), ("policy", "arc"))): 95,
-    ("numbakv_host_being_stored_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
-    ("numbakv_host_being_loaded_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
-    ("numbakv_arc_p_blocks", (("instance", "gpu0"), ("policy", "arc"))): 2,
-    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t1"), ("policy", "arc"))): 2,
-    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t2"), ("policy", "arc"))): 3,
-    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b1"), ("policy", "arc"))): 0,
-    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b2"), ("policy", "arc"))): 0,
-    ("numbakv_transfer_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 3,
-    ("numbakv_transfer_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 1,
-    ("numbakv_transfer_failed_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 1,
-    ("numbakv_transfer_failed_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 0,
-    ("numbakv_transfer_bytes_total", (("direction", "store"), ("instance", "gpu0"))): 6144,
-    ("numbakv_transfer_bytes_total", (("direction", "load"), ("instance", "gpu0"))): 3072,
-    ("numbakv_transfer_duration_seconds_count", (("direction", "store"), ("instance", "gpu0"))): 3,
-    ("numbakv_transfer_duration_seconds_sum", (("direction", "store"), ("instance", "gpu0"))): 0.0043,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0001"))): 0,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0005"))): 1,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0025"))): 3,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "+Inf"))): 3,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "2.5"))): 0,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "+Inf"))): 1,
-    ("numbakv_transfer_duration_seconds_sum", (("direction", "load"), ("instance", "gpu0"))): 3.0,
-}
+from metrics_fakes import EXPECTED, FakeManager, run_workload
 
 
 def samples(registry) -> dict:

@@ -9,20 +9,11 @@ import sys
 
 import pytest
 
+from metrics_fakes import EXPECTED, WRITER, run_writers
 from service.metrics_dir import MetricsDirectory
-from test_metrics import EXPECTED
-
-WRITER = os.path.join(os.path.dirname(__file__), "metrics_writer.py")
 
 
 GAUGES = ("numbakv_host_", "numbakv_arc_")
-
-
-def write(directory, *writers: tuple[str, int]) -> None:
-    """Run one writer process per (instance, repeats), all at once, and wait for them."""
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    procs = [subprocess.Popen([sys.executable, WRITER, instance, str(repeats)], env=env) for instance, repeats in writers]
-    assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
 
 
 def merged_samples(directory) -> dict:
@@ -32,7 +23,7 @@ def merged_samples(directory) -> dict:
 
 
 def test_two_writers_with_distinct_instances_are_kept_apart(tmp_path):
-    write(tmp_path, ("gpu0", 1), ("gpu1", 2))
+    run_writers(tmp_path, ("gpu0", 1), ("gpu1", 2))
     got = merged_samples(tmp_path)
     for (name, labels), value in EXPECTED.items():
         other = tuple((k, "gpu1" if k == "instance" else v) for k, v in labels)
@@ -45,7 +36,7 @@ def test_two_writers_with_distinct_instances_are_kept_apart(tmp_path):
 
 
 def test_writers_sharing_an_instance_are_summed(tmp_path):
-    write(tmp_path, ("node", 1), ("node", 1))
+    run_writers(tmp_path, ("node", 1), ("node", 1))
     got = merged_samples(tmp_path)
     for (name, labels), value in EXPECTED.items():
         if not name.startswith(GAUGES):
@@ -89,3 +80,20 @@ def test_sync_writes_only_deltas(tmp_path):
     for (name, labels), value in EXPECTED.items():
         if not name.startswith(GAUGES):
             assert got[(name, labels)] == pytest.approx(2 * value), name
+
+
+def test_sync_thread_publishes_without_explicit_syncs(tmp_path):
+    code = (
+        "import sys, time; sys.path[:0] = sys.argv[1:3]\n"
+        "from metrics_fakes import FakeManager, run_workload\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); om.start_sync_thread(0.01)\n"
+        "run_workload(m, om); time.sleep(0.2)\n"
+        "import os; os._exit(0)  # no close(), no atexit: only the thread can have written\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER)], env=env, check=True, timeout=60)
+    got = merged_samples(tmp_path)
+    for (name, labels), value in EXPECTED.items():
+        assert got[(name, labels)] == pytest.approx(value), name

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from metrics_fakes import WRITER
 from servers import free_port, running, sidecar
 
 generate = pytest.importorskip("dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed")
@@ -21,7 +22,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus (Debian package) not installed"),
 ]
 
-WRITER = os.path.join(os.path.dirname(__file__), "metrics_writer.py")
 WORKLOAD_S = 30  # an upper bound: the test stops once every query has answered
 QUERY_DEADLINE_S = 25
 

@@ -6,19 +6,20 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from fastapi.testclient import TestClient
 
+from metrics_fakes import run_writers
 from service.app import create_app
 from service.settings import Settings, parse_settings
-from test_metrics_multiprocess import write
 
 
 @pytest.fixture(scope="module")
 def metrics_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("metrics")
-    write(directory, ("gpu0", 1), ("gpu1", 1))
+    run_writers(directory, ("gpu0", 1), ("gpu1", 1))
     return directory
 
 
@@ -77,11 +78,11 @@ def test_stays_up_and_says_so_when_the_directory_is_bad(tmp_path, metrics_dir, c
 
 
 def test_stats_summarises_rates_over_the_window(tmp_path):
-    write(tmp_path, ("gpu0", 1))
+    run_writers(tmp_path, ("gpu0", 1))
     with client(tmp_path) as c:
         first = c.get("/stats").json()
         assert first["instances"] == ["gpu0"]
-        write(tmp_path, ("gpu0", 3))  # a second engine run: three more workloads
+        run_writers(tmp_path, ("gpu0", 3))  # a second engine run: three more workloads
         stats = c.get("/stats", params={"window_s": 60}).json()
     assert stats["window_seconds"] > 0
     assert stats["hit_ratio"] == pytest.approx(9 / (9 + 21))
@@ -133,3 +134,14 @@ def test_metrics_and_sidecar_import_without_numba():
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)
+
+
+def test_requests_serve_the_background_read_which_follows_new_data(tmp_path):
+    run_writers(tmp_path, ("gpu0", 1))
+    with TestClient(create_app(Settings(metrics_dir=str(tmp_path), cache_s=0.05))) as c:
+        assert 'numbakv_lookups_total{instance="gpu0",policy="arc"} 2.0' in c.get("/metrics").text
+        run_writers(tmp_path, ("gpu0", 1))
+        deadline = time.monotonic() + 5
+        while 'numbakv_lookups_total{instance="gpu0",policy="arc"} 4.0' not in c.get("/metrics").text:
+            assert time.monotonic() < deadline, "the background refresh never picked up the new data"
+            time.sleep(0.02)
