@@ -1,0 +1,1 @@
+"""Grafana dashboards for numbakv, generated from code (``python -m dashboards.generate``)."""

@@ -1,0 +1,5 @@
+"""``python -m service``: the same as ``numbakv-sidecar``."""
+
+from service.cli import main
+
+main()

@@ -1,0 +1,116 @@
+"""The ``/stats`` summary: totals read from the merged metrics, rates over a sliding window of samples."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from prometheus_client.metrics_core import Metric
+
+from numbakv.metrics import DIRECTIONS
+from service.models import DirectionStats, Stats
+
+MAX_WINDOW_S = 300.0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over every instance of the values ``/stats`` needs, at one moment."""
+
+    at: float
+    lookups: float = 0.0
+    hit_blocks: float = 0.0
+    missed_blocks: float = 0.0
+    evicted_blocks: float = 0.0
+    used_blocks: float = 0.0
+    capacity_blocks: float = 0.0
+    transfer_bytes: dict[str, float] = field(default_factory=dict)
+    transfer_jobs: dict[str, float] = field(default_factory=dict)
+    instances: frozenset[str] = frozenset()
+
+
+_SCALARS = {
+    "numbakv_lookups_total": "lookups",
+    "numbakv_hit_blocks_total": "hit_blocks",
+    "numbakv_missed_blocks_total": "missed_blocks",
+    "numbakv_evicted_blocks_total": "evicted_blocks",
+    "numbakv_host_used_blocks": "used_blocks",
+    "numbakv_host_capacity_blocks": "capacity_blocks",
+}
+_PER_DIRECTION = {"numbakv_transfer_bytes_total": "transfer_bytes", "numbakv_transfer_jobs_total": "transfer_jobs"}
+
+
+def totals_from(metrics: Iterable[Metric], at: float) -> Totals:
+    """Add up the samples of the metrics ``/stats`` reports on."""
+    values: dict = {name: 0.0 for name in _SCALARS.values()}
+    values.update({name: {d: 0.0 for d in DIRECTIONS} for name in _PER_DIRECTION.values()})
+    instances = set()
+    for metric in metrics:
+        for sample in metric.samples:
+            if sample.name in _SCALARS:
+                values[_SCALARS[sample.name]] += sample.value
+            elif sample.name in _PER_DIRECTION and sample.labels.get("direction") in DIRECTIONS:
+                values[_PER_DIRECTION[sample.name]][sample.labels["direction"]] += sample.value
+            else:
+                continue
+            if "instance" in sample.labels:
+                instances.add(sample.labels["instance"])
+    return Totals(at=at, instances=frozenset(instances), **values)
+
+
+def _rate(now: float, then: float, seconds: float) -> float | None:
+    # A counter that went down means a writer restarted without its files: no honest rate.
+    return (now - then) / seconds if now >= then else None
+
+
+def summarize(now: Totals, then: Totals | None) -> Stats:
+    """The ``/stats`` answer for the span from ``then`` to ``now`` (no earlier sample: no rates)."""
+    occupancy = now.used_blocks / now.capacity_blocks if now.capacity_blocks > 0 else None
+    instances = sorted(now.instances)
+    if then is None or now.at <= then.at:
+        idle = DirectionStats(gigabytes_per_second=None, jobs_per_second=None)
+        return Stats(window_seconds=0.0, instances=instances, hit_ratio=None, lookups_per_second=None,
+                     evictions_per_second=None, occupancy=occupancy, transfer={d: idle for d in DIRECTIONS})
+    span = now.at - then.at
+    hits, misses = now.hit_blocks - then.hit_blocks, now.missed_blocks - then.missed_blocks
+    transfer = {}
+    for d in DIRECTIONS:
+        bytes_rate = _rate(now.transfer_bytes[d], then.transfer_bytes[d], span)
+        transfer[d] = DirectionStats(
+            gigabytes_per_second=None if bytes_rate is None else bytes_rate / 1e9,
+            jobs_per_second=_rate(now.transfer_jobs[d], then.transfer_jobs[d], span),
+        )
+    return Stats(
+        window_seconds=span,
+        instances=instances,
+        hit_ratio=hits / (hits + misses) if hits >= 0 and misses >= 0 and hits + misses > 0 else None,
+        lookups_per_second=_rate(now.lookups, then.lookups, span),
+        evictions_per_second=_rate(now.evicted_blocks, then.evicted_blocks, span),
+        occupancy=occupancy,
+        transfer=transfer,
+    )
+
+
+class RateWindow:
+    """The totals sampled over the last ``MAX_WINDOW_S`` seconds, oldest first."""
+
+    def __init__(self) -> None:
+        self._samples: deque[Totals] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, totals: Totals) -> None:
+        with self._lock:
+            self._samples.append(totals)
+            while self._samples and self._samples[0].at < totals.at - MAX_WINDOW_S:
+                self._samples.popleft()
+
+    def latest(self) -> Totals | None:
+        with self._lock:
+            return self._samples[-1] if self._samples else None
+
+    def oldest_within(self, window_s: float, now: float) -> Totals | None:
+        """The earliest sample no older than ``window_s`` before ``now`` (and older than ``now``)."""
+        with self._lock:
+            return next((s for s in self._samples if now - window_s <= s.at < now), None)

@@ -1,0 +1,121 @@
+"""Small stand-ins that follow the manager's and the transfer engine's contracts, for metrics tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+
+WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_writer.py")
+
+
+@dataclass(frozen=True)
+class FakeManagerStats:
+    """Same fields as ``numbakv.manager.ManagerStats``."""
+
+    lookups: int = 0
+    hit_blocks: int = 0
+    missed_blocks: int = 0
+    evicted_blocks: int = 0
+    stored_blocks: int = 0
+    failed_store_blocks: int = 0
+    loaded_blocks: int = 0
+    stores_skipped: int = 0
+    used: int = 0
+    free: int = 0
+    being_stored: int = 0
+    being_read: int = 0
+    capacity: int = 0
+
+
+class FakeManager:
+    """Counts as ``CPUOffloadingManager`` does: plain ints bumped once per call, with a batch size."""
+
+    def __init__(self, capacity: int = 100, policy_name: str = "arc") -> None:
+        self.policy_name = policy_name
+        self._stats = FakeManagerStats(free=capacity, capacity=capacity)
+        self._arc = {"p": 0.0, "t1": 0.0, "t2": 0.0, "b1": 0.0, "b2": 0.0}
+
+    def stats(self) -> FakeManagerStats:
+        return self._stats
+
+    def policy_stats(self) -> dict[str, float]:
+        return dict(self._arc) if self.policy_name == "arc" else {}
+
+    def lookup(self, hits: int, misses: int) -> None:
+        s = self._stats
+        self._stats = replace(s, lookups=s.lookups + 1, hit_blocks=s.hit_blocks + hits,
+                              missed_blocks=s.missed_blocks + misses)
+
+    def store(self, blocks: int, failed: int = 0, evicted: int = 0) -> None:
+        s = self._stats
+        used = s.used + blocks - evicted
+        self._stats = replace(s, stored_blocks=s.stored_blocks + blocks, evicted_blocks=s.evicted_blocks + evicted,
+                              failed_store_blocks=s.failed_store_blocks + failed, used=used, free=s.capacity - used)
+        self._arc.update(p=self._arc["p"] + 1, t1=float(used // 2), t2=float(used - used // 2), b1=float(evicted))
+
+    def load(self, blocks: int) -> None:
+        self._stats = replace(self._stats, loaded_blocks=self._stats.loaded_blocks + blocks)
+
+    def skip(self, blocks: int) -> None:
+        self._stats = replace(self._stats, stores_skipped=self._stats.stores_skipped + blocks)
+
+
+def run_workload(manager: FakeManager, metrics) -> None:
+    """A known sequence of manager and transfer operations; tests check every metric against it."""
+    manager.lookup(hits=3, misses=2)
+    manager.lookup(hits=0, misses=5)
+    manager.store(blocks=4, evicted=1)
+    manager.store(blocks=2, failed=1)
+    manager.load(blocks=3)
+    manager.skip(blocks=7)
+    metrics.on_job_done(1, "store", 4096, 0.0003, True)
+    metrics.on_job_done(2, "store", 2048, 0.002, True)
+    metrics.on_job_done(3, "store", 1024, 0.002, False)
+    metrics.on_job_done(4, "load", 3072, 3.0, True)
+
+
+EXPECTED = {
+    ("numbakv_lookups_total", (("instance", "gpu0"), ("policy", "arc"))): 2,
+    ("numbakv_hit_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
+    ("numbakv_missed_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
+    ("numbakv_evicted_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
+    ("numbakv_stored_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 6,
+    ("numbakv_failed_store_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
+    ("numbakv_loaded_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
+    ("numbakv_stores_skipped_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
+    ("numbakv_host_capacity_blocks", (("instance", "gpu0"), ("policy", "arc"))): 100,
+    ("numbakv_host_used_blocks", (("instance", "gpu0"), ("policy", "arc"))): 5,
+    ("numbakv_host_free_blocks", (("instance", "gpu0"), ("policy", "arc"))): 95,
+    ("numbakv_host_being_stored_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
+    ("numbakv_host_being_loaded_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
+    ("numbakv_arc_p_blocks", (("instance", "gpu0"), ("policy", "arc"))): 2,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t1"), ("policy", "arc"))): 2,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t2"), ("policy", "arc"))): 3,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b1"), ("policy", "arc"))): 0,
+    ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b2"), ("policy", "arc"))): 0,
+    ("numbakv_transfer_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 3,
+    ("numbakv_transfer_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 1,
+    ("numbakv_transfer_failed_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 1,
+    ("numbakv_transfer_failed_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 0,
+    ("numbakv_transfer_bytes_total", (("direction", "store"), ("instance", "gpu0"))): 6144,
+    ("numbakv_transfer_bytes_total", (("direction", "load"), ("instance", "gpu0"))): 3072,
+    ("numbakv_transfer_duration_seconds_count", (("direction", "store"), ("instance", "gpu0"))): 3,
+    ("numbakv_transfer_duration_seconds_sum", (("direction", "store"), ("instance", "gpu0"))): 0.0043,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0001"))): 0,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0005"))): 1,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0025"))): 3,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "+Inf"))): 3,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "2.5"))): 0,
+    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "+Inf"))): 1,
+    ("numbakv_transfer_duration_seconds_sum", (("direction", "load"), ("instance", "gpu0"))): 3.0,
+}
+"""Every sample after one ``run_workload`` by a manager of capacity 100 and instance ``gpu0``."""
+
+
+def run_writers(directory, *writers: tuple[str, int]) -> None:
+    """Run one writer process (tests/metrics_writer.py) per (instance, repeats) at once, and wait for them."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    procs = [subprocess.Popen([sys.executable, WRITER, instance, str(repeats)], env=env) for instance, repeats in writers]
+    assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)

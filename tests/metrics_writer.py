@@ -1,0 +1,41 @@
+"""A stand-in engine process for multi-process tests: writes metrics into PROMETHEUS_MULTIPROC_DIR.
+
+``python tests/metrics_writer.py INSTANCE REPEATS [SECONDS]``: runs the known workload REPEATS times
+and syncs; with SECONDS, keeps running a varied workload that long, syncing every 0.1 s.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.metrics_fakes import FakeManager, run_workload  # noqa: E402
+from numbakv.metrics import OffloadMetrics  # noqa: E402
+
+
+def main(instance: str, repeats: int, seconds: float = 0.0) -> None:
+    assert os.environ.get("PROMETHEUS_MULTIPROC_DIR"), "set PROMETHEUS_MULTIPROC_DIR"
+    manager = FakeManager(capacity=1000)
+    metrics = OffloadMetrics(manager, instance=instance)
+    for _ in range(repeats):
+        run_workload(manager, metrics)
+    metrics.sync()
+    deadline, job = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        manager.lookup(hits=random.randint(0, 8), misses=random.randint(0, 4))
+        manager.store(blocks=2, evicted=random.randint(0, 2))
+        manager.load(blocks=random.randint(1, 4))
+        for direction in ("store", "load"):
+            job += 1
+            metrics.on_job_done(job, direction, 1 << 20, random.uniform(0.0002, 0.02), True)
+        metrics.sync()
+        time.sleep(0.1)
+    metrics.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)

@@ -1,0 +1,99 @@
+"""Two writer processes into one multiprocess directory, aggregated as the sidecar does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.metrics_fakes import EXPECTED, WRITER, run_writers
+from service.metrics_dir import MetricsDirectory
+
+
+GAUGES = ("numbakv_host_", "numbakv_arc_")
+
+
+def merged_samples(directory) -> dict:
+    metrics, state = MetricsDirectory(str(directory)).read()
+    assert state.problem is None, state
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for m in metrics for s in m.samples}
+
+
+def test_two_writers_with_distinct_instances_are_kept_apart(tmp_path):
+    run_writers(tmp_path, ("gpu0", 1), ("gpu1", 2))
+    got = merged_samples(tmp_path)
+    for (name, labels), value in EXPECTED.items():
+        other = tuple((k, "gpu1" if k == "instance" else v) for k, v in labels)
+        if name.startswith(GAUGES):
+            # Live gauges leave with their process: a cleanly exited writer has none left.
+            assert (name, labels) not in got and (name, other) not in got
+        else:
+            assert got[(name, labels)] == pytest.approx(value), name
+            assert got[(name, other)] == pytest.approx(2 * value), name
+
+
+def test_writers_sharing_an_instance_are_summed(tmp_path):
+    run_writers(tmp_path, ("node", 1), ("node", 1))
+    got = merged_samples(tmp_path)
+    for (name, labels), value in EXPECTED.items():
+        if not name.startswith(GAUGES):
+            labels = tuple((k, "node" if k == "instance" else v) for k, v in labels)
+            assert got[(name, labels)] == pytest.approx(2 * value), name
+
+
+def test_live_gauges_are_served_while_the_writer_runs(tmp_path):
+    # The writer reads the directory itself before it exits (and drops its live gauges).
+    code = (
+        "import sys, json; sys.path[:0] = sys.argv[1:3]\n"
+        "from metrics_fakes import FakeManager, run_workload\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "from service.metrics_dir import MetricsDirectory\n"
+        "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); run_workload(m, om); om.sync()\n"
+        "metrics, _ = MetricsDirectory(sys.argv[3]).read()\n"
+        "print(json.dumps({s.name + str(sorted(s.labels.items())): s.value for x in metrics for s in x.samples}))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER), str(tmp_path)],
+                         env=env, check=True, capture_output=True, text=True, timeout=60).stdout
+    got = json.loads(out)
+    for (name, labels), value in EXPECTED.items():
+        if name.startswith(GAUGES):
+            assert got[name + str(sorted(labels))] == pytest.approx(value), name
+
+
+def test_sync_writes_only_deltas(tmp_path):
+    code = (
+        "import sys; sys.path[:0] = sys.argv[1:3]\n"
+        "from metrics_fakes import FakeManager, run_workload\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0')\n"
+        "run_workload(m, om); om.sync(); om.sync(); run_workload(m, om); om.sync(); om.close()\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER)], env=env, check=True, timeout=60)
+    got = merged_samples(tmp_path)
+    for (name, labels), value in EXPECTED.items():
+        if not name.startswith(GAUGES):
+            assert got[(name, labels)] == pytest.approx(2 * value), name
+
+
+def test_sync_thread_publishes_without_explicit_syncs(tmp_path):
+    code = (
+        "import sys, time; sys.path[:0] = sys.argv[1:3]\n"
+        "from metrics_fakes import FakeManager, run_workload\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); om.start_sync_thread(0.01)\n"
+        "run_workload(m, om); time.sleep(0.2)\n"
+        "import os; os._exit(0)  # no close(), no atexit: only the thread can have written\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER)], env=env, check=True, timeout=60)
+    got = merged_samples(tmp_path)
+    for (name, labels), value in EXPECTED.items():
+        assert got[(name, labels)] == pytest.approx(value), name

@@ -1,0 +1,150 @@
+"""The sidecar's endpoints over good, empty, missing and truncated metrics directories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.metrics_fakes import run_writers
+from service.app import create_app
+from service.settings import Settings, parse_settings
+
+
+@pytest.fixture(scope="module")
+def metrics_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("metrics")
+    run_writers(directory, ("gpu0", 1), ("gpu1", 1))
+    return directory
+
+
+def client(directory) -> TestClient:
+    return TestClient(create_app(Settings(metrics_dir=str(directory), cache_s=0.0, sample_interval_s=0.05)))
+
+
+def test_metrics_are_prometheus_text_by_default(metrics_dir):
+    with client(metrics_dir) as c:
+        r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert 'numbakv_lookups_total{instance="gpu0",policy="arc"} 2.0' in r.text
+    assert 'numbakv_transfer_bytes_total{direction="store",instance="gpu1"} 6144.0' in r.text
+
+
+def test_metrics_are_openmetrics_when_asked(metrics_dir):
+    with client(metrics_dir) as c:
+        r = c.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.endswith("# EOF\n")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_promtool_finds_nothing_to_report_in_the_merged_exposition(metrics_dir):
+    with client(metrics_dir) as c:
+        body = c.get("/metrics").content
+    result = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+
+
+def test_healthz_ok_with_metrics(metrics_dir):
+    with client(metrics_dir) as c:
+        health = c.get("/healthz").json()
+    assert health["status"] == "ok" and health["files"] >= 2 and health["detail"] is None
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "truncated"])
+def test_stays_up_and_says_so_when_the_directory_is_bad(tmp_path, metrics_dir, case):
+    directory = tmp_path / "metrics"
+    if case != "missing":
+        directory.mkdir()
+    if case == "truncated":
+        shutil.copytree(metrics_dir, directory, dirs_exist_ok=True)
+        victim = sorted(p for p in os.listdir(directory) if p.startswith("counter_"))[0]
+        with open(directory / victim, "r+b") as f:
+            f.truncate(100)
+    with client(directory) as c:
+        health = c.get("/healthz")
+        metrics = c.get("/metrics")
+        stats = c.get("/stats")
+    assert health.status_code == metrics.status_code == stats.status_code == 200
+    assert health.json()["status"] == "degraded" and health.json()["detail"]
+    if case == "truncated":
+        assert health.json()["unreadable_files"] == [victim]
+        assert "numbakv_transfer_duration_seconds_bucket" in metrics.text  # the other files still served
+
+
+def test_stats_summarises_rates_over_the_window(tmp_path):
+    run_writers(tmp_path, ("gpu0", 1))
+    with client(tmp_path) as c:
+        first = c.get("/stats").json()
+        assert first["instances"] == ["gpu0"]
+        run_writers(tmp_path, ("gpu0", 3))  # a second engine run: three more workloads
+        stats = c.get("/stats", params={"window_s": 60}).json()
+    assert stats["window_seconds"] > 0
+    assert stats["hit_ratio"] == pytest.approx(9 / (9 + 21))
+    assert stats["evictions_per_second"] == pytest.approx(3 / stats["window_seconds"])
+    store = stats["transfer"]["store"]["gigabytes_per_second"]
+    assert store == pytest.approx(3 * 6144 / 1e9 / stats["window_seconds"])
+    assert stats["occupancy"] is None  # both writers exited: no live pool gauges
+
+
+@pytest.mark.parametrize("query", ["window_s=abc", "window_s=0", "window_s=100000"])
+def test_bad_stats_queries_get_422(metrics_dir, query):
+    with client(metrics_dir) as c:
+        assert c.get(f"/stats?{query}").status_code == 422
+
+
+@pytest.mark.parametrize("method", ["post", "put", "delete"])
+def test_nothing_changes_anything(metrics_dir, method):
+    with client(metrics_dir) as c:
+        for path in ("/metrics", "/healthz", "/stats"):
+            assert getattr(c, method)(path).status_code == 405
+        assert c.get("/nope").status_code == 404
+
+
+def test_openapi_documents_the_endpoints(metrics_dir):
+    with client(metrics_dir) as c:
+        spec = c.get("/openapi.json").json()
+        assert c.get("/docs").status_code == 200
+    assert {"/metrics", "/healthz", "/stats"} <= set(spec["paths"])
+    assert "Stats" in spec["components"]["schemas"]
+
+
+def test_settings_come_from_flags_then_environment():
+    env = {"NUMBAKV_SIDECAR_HOST": "0.0.0.0", "NUMBAKV_SIDECAR_PORT": "9000", "NUMBAKV_METRICS_DIR": "/m"}
+    assert parse_settings([], env) == Settings(host="0.0.0.0", port=9000, metrics_dir="/m")
+    assert parse_settings(["--cache-seconds", "0"], env).cache_s == 0.0
+    assert parse_settings(["--port", "9100", "--metrics-dir", "/x"], env).port == 9100
+    assert parse_settings([], {}).host == "127.0.0.1"
+    assert parse_settings([], {"PROMETHEUS_MULTIPROC_DIR": "/p"}).metrics_dir == "/p"
+    with pytest.raises(SystemExit):
+        parse_settings(["--port", "70000"], {})
+
+
+def test_metrics_and_sidecar_import_without_numba():
+    """The sidecar image has no Numba: the metrics module and the app must not need it.
+
+    (The image has no NumPy either; tests/test_container.py checks that in the image itself.)
+    """
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import numbakv.metrics, service.app, service.cli\n"
+        "assert 'numba' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)
+
+
+def test_requests_serve_the_background_read_which_follows_new_data(tmp_path):
+    run_writers(tmp_path, ("gpu0", 1))
+    with TestClient(create_app(Settings(metrics_dir=str(tmp_path), cache_s=0.05))) as c:
+        assert 'numbakv_lookups_total{instance="gpu0",policy="arc"} 2.0' in c.get("/metrics").text
+        run_writers(tmp_path, ("gpu0", 1))
+        deadline = time.monotonic() + 5
+        while 'numbakv_lookups_total{instance="gpu0",policy="arc"} 4.0' not in c.get("/metrics").text:
+            assert time.monotonic() < deadline, "the background refresh never picked up the new data"
+            time.sleep(0.02)
