@@ -12,28 +12,14 @@ import subprocess
 import sys
 import tempfile
 import timeit
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from numbakv.manager import ManagerStats  # noqa: E402
 from numbakv.metrics import OffloadMetrics  # noqa: E402
 
-
-@dataclass(frozen=True)
-class Stats:
-    lookups: int = 0
-    hit_blocks: int = 0
-    missed_blocks: int = 0
-    evicted_blocks: int = 0
-    stored_blocks: int = 0
-    failed_store_blocks: int = 0
-    loaded_blocks: int = 0
-    stores_skipped: int = 0
-    used: int = 0
-    free: int = 0
-    being_stored: int = 0
-    being_read: int = 0
-    capacity: int = 1000
+NO_ACTIVITY = ManagerStats(**dict.fromkeys(ManagerStats.__dataclass_fields__, 0))
 
 
 class Manager:
@@ -42,10 +28,10 @@ class Manager:
     policy_name = "arc"
 
     def __init__(self, moving: bool) -> None:
-        self._stats = Stats()
+        self._stats = replace(NO_ACTIVITY, free=1000, capacity=1000)
         self._moving = moving
 
-    def stats(self) -> Stats:
+    def stats(self) -> ManagerStats:
         s = self._stats
         if not self._moving:
             return s

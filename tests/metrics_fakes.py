@@ -5,28 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from numbakv.manager import ManagerStats
+
+NO_ACTIVITY = ManagerStats(**dict.fromkeys(ManagerStats.__dataclass_fields__, 0))
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_writer.py")
-
-
-@dataclass(frozen=True)
-class FakeManagerStats:
-    """Same fields as ``numbakv.manager.ManagerStats``."""
-
-    lookups: int = 0
-    hit_blocks: int = 0
-    missed_blocks: int = 0
-    evicted_blocks: int = 0
-    stored_blocks: int = 0
-    failed_store_blocks: int = 0
-    loaded_blocks: int = 0
-    stores_skipped: int = 0
-    used: int = 0
-    free: int = 0
-    being_stored: int = 0
-    being_read: int = 0
-    capacity: int = 0
 
 
 class FakeManager:
@@ -34,10 +18,10 @@ class FakeManager:
 
     def __init__(self, capacity: int = 100, policy_name: str = "arc") -> None:
         self.policy_name = policy_name
-        self._stats = FakeManagerStats(free=capacity, capacity=capacity)
+        self._stats = replace(NO_ACTIVITY, free=capacity, capacity=capacity)
         self._arc = {"p": 0.0, "t1": 0.0, "t2": 0.0, "b1": 0.0, "b2": 0.0}
 
-    def stats(self) -> FakeManagerStats:
+    def stats(self) -> ManagerStats:
         return self._stats
 
     def policy_stats(self) -> dict[str, float]:
