@@ -7,10 +7,14 @@ import importlib
 from numbakv.policies.arc import ARCPolicy
 from numbakv.policies.base import BlockStatus, CachePolicy
 from numbakv.policies.lru import LRUPolicy
+from numbakv.policies.s3fifo import S3FIFOPolicy
+from numbakv.policies.sieve import SIEVEPolicy
 
 POLICIES: dict[str, type[CachePolicy]] = {
     "lru": LRUPolicy,
     "arc": ARCPolicy,
+    "s3fifo": S3FIFOPolicy,
+    "sieve": SIEVEPolicy,
 }
 
 
