@@ -9,12 +9,14 @@ from numbakv.policies.base import BlockStatus, CachePolicy
 from numbakv.policies.lru import LRUPolicy
 from numbakv.policies.s3fifo import S3FIFOPolicy
 from numbakv.policies.sieve import SIEVEPolicy
+from numbakv.policies.sighting_arc import SightingARCPolicy
 
 POLICIES: dict[str, type[CachePolicy]] = {
     "lru": LRUPolicy,
     "arc": ARCPolicy,
     "s3fifo": S3FIFOPolicy,
     "sieve": SIEVEPolicy,
+    "sarc": SightingARCPolicy,
 }
 
 
@@ -39,4 +41,14 @@ def resolve_policy(name: str) -> type[CachePolicy]:
     return policy
 
 
-__all__ = ["POLICIES", "ARCPolicy", "BlockStatus", "CachePolicy", "LRUPolicy", "resolve_policy"]
+__all__ = [
+    "POLICIES",
+    "ARCPolicy",
+    "BlockStatus",
+    "CachePolicy",
+    "LRUPolicy",
+    "S3FIFOPolicy",
+    "SIEVEPolicy",
+    "SightingARCPolicy",
+    "resolve_policy",
+]
