@@ -14,7 +14,7 @@ from numbakv.specs import BlockHash
 
 
 class _Node:
-    __slots__ = ("block_hash", "block", "visited", "newer", "older")
+    __slots__ = ("block", "block_hash", "newer", "older", "visited")
 
     def __init__(self, block_hash: BlockHash, block: BlockStatus) -> None:
         self.block_hash = block_hash
