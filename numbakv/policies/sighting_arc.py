@@ -1,50 +1,137 @@
-"""ARC that admits a block into its frequent side on its second sighting, remembered far back."""
+"""Sighting ARC: ARC that starts as LRU, remembers blocks seen once far back, and admits them into
+its frequent side on their second sighting."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from itertools import count
 
-from numbakv.policies.arc import ARCPolicy
-from numbakv.policies.base import BlockStatus
+from numbakv.policies.base import BlockStatus, CachePolicy, idle_victims
 from numbakv.specs import BlockHash
 
-SIGHTING_MEMORY = 4  # recently evicted once-seen hashes remembered, in cache capacities
+SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
 
 
-class SightingARCPolicy(ARCPolicy):
-    """ARC as Megiddo & Modha wrote it, with a longer memory of blocks seen once.
+class SightingARCPolicy(CachePolicy):
+    """Adapts online between LRU and "admit on the second sighting"; no knob.
 
     Most KV blocks are never used again, and those that are come back after a long gap (the next
-    turn of a conversation). vLLM's ARC puts a returning block back into T1, the side of blocks seen
-    once, where the next burst of one-off blocks pushes it out again. Here a block whose hash is
-    still a ghost goes straight into T2 (seen twice), as in the paper; and B1 remembers
-    `SIGHTING_MEMORY` capacities of hashes, so a second sighting is recognised even when the gap is
-    longer than the cache. The target size p of T1 adapts as in ARC, from the middle.
+    turn of a conversation). Like ARC (Megiddo & Modha, FAST 2003) it keeps T1 (blocks seen once),
+    T2 (seen again), ghost lists B1 and B2 of evicted hashes, and a bound p on T1 moved by ghost
+    hits. It differs from vLLM's ARC in three ways:
+
+    - a block whose hash is a ghost is stored straight into T2, as in the paper (vLLM puts it back
+      into T1, where the next burst of one-off blocks pushes it out again);
+    - B1 remembers `SIGHTING_MEMORY` capacities of hashes, so a second sighting is recognised even
+      when the gap is longer than the cache;
+    - p starts at the capacity and, while T1 is within p, victims are the least recent blocks of
+      either list: the policy is LRU until B2 hits (re-used blocks evicted too early) shrink p,
+      and from then on once-seen blocks beyond p go first.
     """
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.p = capacity / 2
+        self.t1: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        self.t2: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        self.b1: OrderedDict[BlockHash, None] = OrderedDict()
+        self.b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.last_used: dict[BlockHash, int] = {}
+        self._clock = count()
+        self.p = float(capacity)
+
+    def get(self, block_hash: BlockHash) -> BlockStatus | None:
+        block = self.t1.get(block_hash)
+        return block if block is not None else self.t2.get(block_hash)
 
     def insert(self, block_hash: BlockHash, block: BlockStatus) -> None:
         seen_before = block_hash in self.b1 or block_hash in self.b2
         self.b1.pop(block_hash, None)
         self.b2.pop(block_hash, None)
         (self.t2 if seen_before else self.t1)[block_hash] = block
+        self.last_used[block_hash] = next(self._clock)
+
+    def remove(self, block_hash: BlockHash) -> None:
+        if self.t1.pop(block_hash, None) is None:
+            del self.t2[block_hash]
+        del self.last_used[block_hash]
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        t1, t2, b1, b2, last_used = self.t1, self.t2, self.b1, self.b2, self.last_used
+        now = next(self._clock)
+        # From the last hash to the first, so that the chain's head ends the most recent.
+        for block_hash in reversed(block_hashes):
+            block = t1.pop(block_hash, None)
+            if block is not None:
+                # A block whose store is still in flight has not really been seen twice.
+                (t2 if block.is_ready else t1)[block_hash] = block
+                last_used[block_hash] = now
+            elif block_hash in t2:
+                t2.move_to_end(block_hash)
+                last_used[block_hash] = now
+            elif block_hash in b1:
+                self.p = min(self.p + max(1.0, len(b2) / len(b1)), self.capacity)
+                b1.move_to_end(block_hash)
+            elif block_hash in b2:
+                self.p = max(self.p - max(1.0, len(b1) / len(b2)), 0.0)
+                b2.move_to_end(block_hash)
+
+    def evict(
+        self, n: int, protected: Collection[BlockHash]
+    ) -> list[tuple[BlockHash, BlockStatus]]:
+        # One victim at a time, as if the earlier ones were gone: T1's least recent while T1 is
+        # over p, else the least recent of the two lists.
+        last_used = self.last_used
+        from_t1 = idle_victims(self.t1.items(), protected)
+        from_t2 = idle_victims(self.t2.items(), protected)
+        head_t1, head_t2 = next(from_t1, None), next(from_t2, None)
+        remaining_t1 = len(self.t1)
+        chosen_t1: list[tuple[BlockHash, BlockStatus]] = []
+        chosen_t2: list[tuple[BlockHash, BlockStatus]] = []
+        for _ in range(n):
+            if head_t2 is None or (
+                head_t1 is not None
+                and (remaining_t1 > self.p or last_used[head_t1[0]] <= last_used[head_t2[0]])
+            ):
+                chosen_t1.append(head_t1)
+                head_t1 = next(from_t1, None)
+                remaining_t1 -= 1
+            else:
+                chosen_t2.append(head_t2)
+                head_t2 = next(from_t2, None)
+        # Lists change only now: the generators above walk them.
+        self._retire(chosen_t1, self.t1, self.b1, SIGHTING_MEMORY * self.capacity)
+        self._retire(chosen_t2, self.t2, self.b2, self.capacity)
+        return chosen_t1 + chosen_t2
 
     def _retire(
         self,
         victims: list[tuple[BlockHash, BlockStatus]],
         resident: OrderedDict[BlockHash, BlockStatus],
         ghosts: OrderedDict[BlockHash, None],
+        ghost_limit: int,
     ) -> None:
         for block_hash, _ in victims:
             del resident[block_hash]
+            del self.last_used[block_hash]
             ghosts[block_hash] = None
-        limit = self.capacity * (SIGHTING_MEMORY if ghosts is self.b1 else 1)
-        for _ in range(len(ghosts) - limit):
+        for _ in range(len(ghosts) - ghost_limit):
             ghosts.popitem(last=False)
 
     def clear(self) -> None:
-        super().clear()
-        self.p = self.capacity / 2
+        for entries in (self.t1, self.t2, self.b1, self.b2, self.last_used):
+            entries.clear()
+        self._clock = count()
+        self.p = float(self.capacity)
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "p": self.p,
+            "t1": len(self.t1),
+            "t2": len(self.t2),
+            "b1": len(self.b1),
+            "b2": len(self.b2),
+        }
