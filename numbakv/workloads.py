@@ -133,7 +133,7 @@ WORKLOADS = {
 }
 
 
-def _main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -154,5 +154,5 @@ def _main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(_main())
+if __name__ == "_main__":
+    raise SystemExit(main())

@@ -51,9 +51,7 @@ def machine_for(policy: str) -> type[RuleBasedStateMachine]:
                 assert {h: self.block(h) is not None for h in range(12)} == {
                     h: h in before for h in range(12)
                 }
-                evictable = sum(
-                    1 for h, count in before.items() if count == 0 and h not in hashes
-                )
+                evictable = sum(1 for h, count in before.items() if count == 0 and h not in hashes)
                 assert len(new) - (self.num_blocks - len(before)) > evictable
                 return
             assert output.block_hashes_to_store == new
