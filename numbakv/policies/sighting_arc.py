@@ -27,7 +27,9 @@ class SightingARCPolicy(CachePolicy):
       when the gap is longer than the cache;
     - p starts at the capacity and, while T1 is within p, victims are the least recent blocks of
       either list: the policy is LRU until B2 hits (re-used blocks evicted too early) shrink p,
-      and from then on once-seen blocks beyond p go first.
+      and from then on once-seen blocks beyond p go first;
+    - blocks stored since the last touch are ranked like a touched chain, the first the most recent:
+      a hit on any of them needs the ones before it.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -38,6 +40,7 @@ class SightingARCPolicy(CachePolicy):
         self.b2: OrderedDict[BlockHash, None] = OrderedDict()
         self.last_used: dict[BlockHash, int] = {}
         self._clock = count()
+        self._just_stored: list[BlockHash] = []
         self.p = float(capacity)
 
     def get(self, block_hash: BlockHash) -> BlockStatus | None:
@@ -49,14 +52,24 @@ class SightingARCPolicy(CachePolicy):
         self.b1.pop(block_hash, None)
         self.b2.pop(block_hash, None)
         (self.t2 if seen_before else self.t1)[block_hash] = block
-        self.last_used[block_hash] = next(self._clock)
+        self._just_stored.append(block_hash)
+
+    def _rank_just_stored(self) -> None:
+        """Reorder the last store's blocks, still the most recent of their lists, head last."""
+        for block_hash in reversed(self._just_stored):
+            for resident in (self.t1, self.t2):
+                if block_hash in resident:
+                    resident.move_to_end(block_hash)
+                    self.last_used[block_hash] = next(self._clock)
+        self._just_stored.clear()
 
     def remove(self, block_hash: BlockHash) -> None:
         if self.t1.pop(block_hash, None) is None:
             del self.t2[block_hash]
-        del self.last_used[block_hash]
+        self.last_used.pop(block_hash, None)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        self._rank_just_stored()
         t1, t2, b1, b2, last_used = self.t1, self.t2, self.b1, self.b2, self.last_used
         now = next(self._clock)
         # From the last hash to the first, so that the chain's head ends the most recent.
@@ -81,6 +94,7 @@ class SightingARCPolicy(CachePolicy):
     ) -> list[tuple[BlockHash, BlockStatus]]:
         # One victim at a time, as if the earlier ones were gone: T1's least recent while T1 is
         # over p, else the least recent of the two lists.
+        self._rank_just_stored()
         last_used = self.last_used
         from_t1 = idle_victims(self.t1.items(), protected)
         from_t2 = idle_victims(self.t2.items(), protected)
@@ -119,7 +133,7 @@ class SightingARCPolicy(CachePolicy):
             ghosts.popitem(last=False)
 
     def clear(self) -> None:
-        for entries in (self.t1, self.t2, self.b1, self.b2, self.last_used):
+        for entries in (self.t1, self.t2, self.b1, self.b2, self.last_used, self._just_stored):
             entries.clear()
         self._clock = count()
         self.p = float(self.capacity)
