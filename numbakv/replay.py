@@ -6,7 +6,7 @@
 
 Each request is looked up, touched, and its missing tail stored (see docs/REPLAY.md). Without a
 TRACE a built-in multi-turn chat workload is replayed. `--policy belady` replays Belady's MIN, the
-clairvoyant bound. With several policies or capacities the CLI plans capacity: it prints a table of
+clairvoyant bound. With several policies or capacities (or --plot) the CLI plans capacity: it prints a table of
 hit ratios (Belady's row on top), optionally plots them, and `--json` ends with one object
 `{"runs": [...]}` holding every run's result.
 """

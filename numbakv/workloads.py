@@ -1,7 +1,11 @@
-"""Synthetic multi-turn chat traffic in the trace format, seeded and deterministic."""
+"""Synthetic traffic in the trace format, seeded and deterministic.
+
+python -m numbakv.workloads --kind mixed|documents|chat [--seed N] --out FILE.jsonl
+"""
 
 from __future__ import annotations
 
+import argparse
 import heapq
 from itertools import count
 
@@ -91,7 +95,7 @@ def mixed_traffic(
         arrival += rng.exponential(300.0)
         kind = rng.random()
         if kind < session_share:
-            # Start a session when few are open, else continue one of them (any, at random).
+            # A new session about once per mean_turns session requests, else any open one goes on.
             if not open_sessions or rng.random() < 1.0 / mean_turns:
                 prompt = prompt_chains[int(rng.choice(system_prompts, p=prompt_popularity))]
                 open_sessions.append((list(prompt), int(rng.geometric(1.0 / mean_turns))))
@@ -124,18 +128,18 @@ def _zipf(n: int, exponent: float) -> np.ndarray:
     return weights / weights.sum()
 
 
-WORKLOADS = {
-    "chat": multi_turn_chat,
-    "mixed": mixed_traffic,
-    "documents": lambda seed=0: mixed_traffic(
+def document_traffic(seed: int = 0) -> list[TraceRequest]:
+    """Mostly questions over a large document library with a flatter popularity (RAG-like)."""
+    return mixed_traffic(
         session_share=0.2, document_share=0.6, documents=6_000, zipf_exponent=0.9, seed=seed
-    ),
-}
+    )
+
+
+WORKLOADS = {"chat": multi_turn_chat, "mixed": mixed_traffic, "documents": document_traffic}
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
+    """The workload CLI: write one seeded workload to a jsonl file."""
     parser = argparse.ArgumentParser(
         prog="python -m numbakv.workloads",
         description="Write a seeded synthetic workload as a Mooncake-format jsonl trace.",
@@ -154,5 +158,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "_main__":
+if __name__ == "__main__":
     raise SystemExit(main())

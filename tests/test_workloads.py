@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -45,3 +47,10 @@ def test_cli_writes_a_readable_trace(tmp_path, capsys) -> None:
     assert main(["--kind", "documents", "--seed", "1", "--out", str(out)]) == 0
     assert len(read_hash_chains(out)) == 12_000
     assert "block references" in capsys.readouterr().out
+
+
+def test_module_runs_as_a_script(tmp_path) -> None:
+    out = tmp_path / "chat.jsonl"
+    command = [sys.executable, "-m", "numbakv.workloads", "--kind", "chat", "--out", str(out)]
+    subprocess.run(command, check=True, capture_output=True)
+    assert read_hash_chains(out)
