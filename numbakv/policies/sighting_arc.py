@@ -40,7 +40,7 @@ class SightingARCPolicy(CachePolicy):
         self.b2: OrderedDict[BlockHash, None] = OrderedDict()
         self.last_used: dict[BlockHash, int] = {}
         self._clock = count()
-        self._just_stored: list[BlockHash] = []
+        self._just_stored: dict[BlockHash, None] = {}  # in store order
         self.p = float(capacity)
 
     def get(self, block_hash: BlockHash) -> BlockStatus | None:
@@ -52,21 +52,22 @@ class SightingARCPolicy(CachePolicy):
         self.b1.pop(block_hash, None)
         self.b2.pop(block_hash, None)
         (self.t2 if seen_before else self.t1)[block_hash] = block
-        self._just_stored.append(block_hash)
+        self._just_stored[block_hash] = None
 
     def _rank_just_stored(self) -> None:
-        """Reorder the last store's blocks, still the most recent of their lists, head last."""
+        """Reorder the blocks stored since the last call (still the newest of their lists) so that
+        the first of them ends the most recent, as a touch would."""
         for block_hash in reversed(self._just_stored):
-            for resident in (self.t1, self.t2):
-                if block_hash in resident:
-                    resident.move_to_end(block_hash)
-                    self.last_used[block_hash] = next(self._clock)
+            resident = self.t1 if block_hash in self.t1 else self.t2
+            resident.move_to_end(block_hash)
+            self.last_used[block_hash] = next(self._clock)
         self._just_stored.clear()
 
     def remove(self, block_hash: BlockHash) -> None:
         if self.t1.pop(block_hash, None) is None:
             del self.t2[block_hash]
         self.last_used.pop(block_hash, None)
+        self._just_stored.pop(block_hash, None)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         self._rank_just_stored()
