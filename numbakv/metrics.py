@@ -25,8 +25,9 @@ import atexit
 import bisect
 import os
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol
+from typing import Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -37,7 +38,20 @@ DIRECTIONS = ("store", "load")
 """Transfer directions: ``store`` is GPU to host, ``load`` host to GPU."""
 
 DURATION_BUCKETS_SECONDS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
 )
 """Upper bounds of the transfer-duration histogram (a job moves a batch of blocks: 100 us to seconds)."""
 
@@ -55,9 +69,17 @@ MANAGER_COUNTERS = (
     ("missed_blocks", "numbakv_missed_blocks", "Blocks that lookups did not find in host memory."),
     ("evicted_blocks", "numbakv_evicted_blocks", "Blocks evicted from host memory by the policy."),
     ("stored_blocks", "numbakv_stored_blocks", "Blocks whose store to host memory completed."),
-    ("failed_store_blocks", "numbakv_failed_store_blocks", "Blocks whose store to host memory failed."),
+    (
+        "failed_store_blocks",
+        "numbakv_failed_store_blocks",
+        "Blocks whose store to host memory failed.",
+    ),
     ("loaded_blocks", "numbakv_loaded_blocks", "Blocks loaded from host memory back to the GPU."),
-    ("stores_skipped", "numbakv_stores_skipped", "Blocks not stored because of the store threshold."),
+    (
+        "stores_skipped",
+        "numbakv_stores_skipped",
+        "Blocks not stored because of the store threshold.",
+    ),
 )
 HOST_GAUGES = (
     ("capacity", "numbakv_host_capacity_blocks", "Block slots in the host pool."),
@@ -68,11 +90,17 @@ HOST_GAUGES = (
 )
 ARC_TARGET = ("p", "numbakv_arc_p_blocks", "ARC's adaptive target size p of its recency list T1.")
 ARC_LISTS = ("t1", "t2", "b1", "b2")
-ARC_LISTS_METRIC = ("numbakv_arc_list_blocks", "Entries in each ARC list (T1, T2 and ghosts B1, B2).")
+ARC_LISTS_METRIC = (
+    "numbakv_arc_list_blocks",
+    "Entries in each ARC list (T1, T2 and ghosts B1, B2).",
+)
 TRANSFER_JOBS = ("numbakv_transfer_jobs", "Transfer jobs finished, successful or not.")
 TRANSFER_FAILED_JOBS = ("numbakv_transfer_failed_jobs", "Transfer jobs that failed.")
 TRANSFER_BYTES = ("numbakv_transfer_bytes", "Bytes moved by successful transfer jobs.")
-TRANSFER_DURATION = ("numbakv_transfer_duration_seconds", "Wall time of transfer jobs, submit to completion.")
+TRANSFER_DURATION = (
+    "numbakv_transfer_duration_seconds",
+    "Wall time of transfer jobs, submit to completion.",
+)
 
 
 class ManagerLike(Protocol):
@@ -106,7 +134,9 @@ class TransferTotals:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
 
     def copy(self) -> TransferTotals:
-        return TransferTotals(self.jobs, self.failed_jobs, self.nbytes, self.seconds, list(self.buckets))
+        return TransferTotals(
+            self.jobs, self.failed_jobs, self.nbytes, self.seconds, list(self.buckets)
+        )
 
 
 class TransferRecorder:
@@ -119,7 +149,9 @@ class TransferRecorder:
     def __init__(self) -> None:
         self.totals = {direction: TransferTotals() for direction in DIRECTIONS}
 
-    def on_job_done(self, job_id: int, direction: str, nbytes: int, seconds: float, success: bool) -> None:
+    def on_job_done(
+        self, job_id: int, direction: str, nbytes: int, seconds: float, success: bool
+    ) -> None:
         t = self.totals[direction]
         t.jobs += 1
         t.seconds += seconds
@@ -141,7 +173,9 @@ def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:
 class ScrapeCollector(Collector):
     """In-process export: reads the manager and the transfer totals when Prometheus scrapes."""
 
-    def __init__(self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str) -> None:
+    def __init__(
+        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str
+    ) -> None:
         self._manager = manager
         self._transfers = transfers
         self._instance = instance
@@ -195,7 +229,9 @@ class MultiprocessWriter:
     cleanly (its files removed by ``mark_process_dead``) stops counting.
     """
 
-    def __init__(self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str) -> None:
+    def __init__(
+        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str
+    ) -> None:
         self._manager = manager
         self._transfers = transfers
         self._lock = threading.Lock()
@@ -207,7 +243,9 @@ class MultiprocessWriter:
         if manager is not None:
             labels = (manager.policy_name, instance)
             for attr, name, doc in MANAGER_COUNTERS:
-                self._counters[attr] = Counter(name, doc, MANAGER_LABELS, registry=None).labels(*labels)
+                self._counters[attr] = Counter(name, doc, MANAGER_LABELS, registry=None).labels(
+                    *labels
+                )
             for attr, name, doc in HOST_GAUGES:
                 self._gauges[attr] = _gauge(name, doc, MANAGER_LABELS).labels(*labels)
             self._arc_target = _gauge(ARC_TARGET[1], ARC_TARGET[2], MANAGER_LABELS).labels(*labels)
@@ -216,10 +254,16 @@ class MultiprocessWriter:
         jobs = Counter(*TRANSFER_JOBS, TRANSFER_LABELS, registry=None)
         failed = Counter(*TRANSFER_FAILED_JOBS, TRANSFER_LABELS, registry=None)
         nbytes = Counter(*TRANSFER_BYTES, TRANSFER_LABELS, registry=None)
-        duration = Histogram(*TRANSFER_DURATION, TRANSFER_LABELS, registry=None, buckets=DURATION_BUCKETS_SECONDS)
+        duration = Histogram(
+            *TRANSFER_DURATION, TRANSFER_LABELS, registry=None, buckets=DURATION_BUCKETS_SECONDS
+        )
         self._transfer_children = {
-            d: (jobs.labels(d, instance), failed.labels(d, instance), nbytes.labels(d, instance),
-                duration.labels(d, instance))
+            d: (
+                jobs.labels(d, instance),
+                failed.labels(d, instance),
+                nbytes.labels(d, instance),
+                duration.labels(d, instance),
+            )
             for d in DIRECTIONS
         }
 
@@ -262,7 +306,11 @@ class MultiprocessWriter:
                 failed.inc(now.failed_jobs - last.failed_jobs)
             if now.nbytes != last.nbytes:
                 nbytes.inc(now.nbytes - last.nbytes)
-            _add_to_histogram(duration, [n - l for n, l in zip(now.buckets, last.buckets)], now.seconds - last.seconds)
+            _add_to_histogram(
+                duration,
+                [n - l for n, l in zip(now.buckets, last.buckets)],
+                now.seconds - last.seconds,
+            )
             self._synced_transfers[direction] = now
 
 

@@ -1,13 +1,17 @@
-"""Synthetic multi-turn chat traffic in the trace format, seeded and deterministic."""
+"""Synthetic traffic in the trace format, seeded and deterministic.
+
+python -m numbakv.workloads --kind mixed|documents|chat [--seed N] --out FILE.jsonl
+"""
 
 from __future__ import annotations
 
+import argparse
 import heapq
 from itertools import count
 
 import numpy as np
 
-from numbakv.traces import TraceRequest
+from numbakv.traces import TraceRequest, write_trace
 
 BLOCK_TOKENS = 512  # tokens per block id, as in the Mooncake traces
 
@@ -53,3 +57,106 @@ def multi_turn_chat(
             think = int(rng.exponential(30_000.0))
             heapq.heappush(pending, (arrival + think, session, turns_left - 1, grown))
     return requests
+
+
+def mixed_traffic(
+    requests: int = 12_000,
+    system_prompts: int = 16,
+    documents: int = 3_000,
+    zipf_exponent: float = 1.1,
+    session_share: float = 0.5,
+    document_share: float = 0.3,
+    mean_turns: float = 5.0,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """A mix of multi-turn sessions, questions about shared documents, and one-off long prompts.
+
+    - sessions (`session_share` of requests) start on one of a few system prompts (Zipf popularity)
+      and resend their growing history every turn; a busy service interleaves many of them;
+    - document questions (`document_share`) read a document picked with Zipf popularity from a
+      library of `documents`, each always behind the same system prompt, plus a fresh question;
+    - the rest are one-off prompts (pasted files, batch jobs) that are never seen again.
+    """
+    rng = np.random.default_rng(seed)
+    ids = count()
+    prompt_chains = [
+        [next(ids) for _ in range(int(rng.integers(1, 9)))] for _ in range(system_prompts)
+    ]
+    prompt_popularity = _zipf(system_prompts, zipf_exponent)
+    document_prompt = rng.choice(system_prompts, size=documents, p=prompt_popularity)
+    document_length = rng.integers(2, 33, size=documents)
+    document_chains: dict[int, list[int]] = {}
+    document_popularity = _zipf(documents, zipf_exponent)
+    open_sessions: list[tuple[list[int], int]] = []  # (context, turns left)
+
+    trace = []
+    arrival = 0.0
+    for _ in range(requests):
+        arrival += rng.exponential(300.0)
+        kind = rng.random()
+        if kind < session_share:
+            # A new session about once per mean_turns session requests, else any open one goes on.
+            if not open_sessions or rng.random() < 1.0 / mean_turns:
+                prompt = prompt_chains[int(rng.choice(system_prompts, p=prompt_popularity))]
+                open_sessions.append((list(prompt), int(rng.geometric(1.0 / mean_turns))))
+            index = int(rng.integers(len(open_sessions)))
+            context, turns_left = open_sessions[index]
+            chain = context + [next(ids) for _ in range(int(rng.integers(1, 4)))]
+            if turns_left > 1:
+                answer = [next(ids) for _ in range(int(rng.integers(1, 3)))]
+                open_sessions[index] = (chain + answer, turns_left - 1)
+            else:
+                open_sessions[index] = open_sessions[-1]
+                open_sessions.pop()
+        elif kind < session_share + document_share:
+            document = int(rng.choice(documents, p=document_popularity))
+            if document not in document_chains:
+                prefix = prompt_chains[int(document_prompt[document])]
+                document_chains[document] = prefix + [
+                    next(ids) for _ in range(int(document_length[document]))
+                ]
+            chain = document_chains[document] + [next(ids)]
+        else:
+            chain = [next(ids) for _ in range(int(rng.integers(8, 129)))]
+        output_tokens = int(rng.integers(20, 800))
+        trace.append(TraceRequest(int(arrival), len(chain) * BLOCK_TOKENS, output_tokens, chain))
+    return trace
+
+
+def _zipf(n: int, exponent: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, n + 1) ** exponent
+    return weights / weights.sum()
+
+
+def document_traffic(seed: int = 0) -> list[TraceRequest]:
+    """Mostly questions over a large document library with a flatter popularity (RAG-like)."""
+    return mixed_traffic(
+        session_share=0.2, document_share=0.6, documents=6_000, zipf_exponent=0.9, seed=seed
+    )
+
+
+WORKLOADS = {"chat": multi_turn_chat, "mixed": mixed_traffic, "documents": document_traffic}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The workload CLI: write one seeded workload to a jsonl file."""
+    parser = argparse.ArgumentParser(
+        prog="python -m numbakv.workloads",
+        description="Write a seeded synthetic workload as a Mooncake-format jsonl trace.",
+    )
+    parser.add_argument("--kind", choices=sorted(WORKLOADS), default="mixed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="jsonl file to write")
+    args = parser.parse_args(argv)
+    requests = WORKLOADS[args.kind](seed=args.seed)
+    write_trace(args.out, requests)
+    references = sum(len(request.hash_ids) for request in requests)
+    distinct = len({block for request in requests for block in request.hash_ids})
+    print(
+        f"{args.out}: {len(requests):,} requests, {references:,} block references, {distinct:,} distinct"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,8 +54,8 @@ def test_cli_without_a_trace_replays_the_built_in_workload(capsys):
     ("args", "message"),
     [
         (["missing.jsonl"], "missing.jsonl: cannot read trace"),
-        (["--capacity", "0"], "expected a positive integer, got 0"),
-        (["--capacity", "lots"], "expected a positive integer, got 'lots'"),
+        (["--capacity", "0"], "capacity '0' is less than one block"),
+        (["--capacity", "lots"], "bad capacity 'lots'"),
         (["--policy", "nope"], "unknown cache policy 'nope'"),
     ],
 )

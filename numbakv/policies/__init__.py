@@ -7,10 +7,16 @@ import importlib
 from numbakv.policies.arc import ARCPolicy
 from numbakv.policies.base import NOT_READY, CachePolicy
 from numbakv.policies.lru import LRUPolicy
+from numbakv.policies.s3fifo import S3FIFOPolicy
+from numbakv.policies.sieve import SIEVEPolicy
+from numbakv.policies.sighting_arc import SightingARCPolicy
 
 POLICIES: dict[str, type[CachePolicy]] = {
     "lru": LRUPolicy,
     "arc": ARCPolicy,
+    "s3fifo": S3FIFOPolicy,
+    "sieve": SIEVEPolicy,
+    "sarc": SightingARCPolicy,
 }
 
 
@@ -35,4 +41,14 @@ def resolve_policy(name: str) -> type[CachePolicy]:
     return policy
 
 
-__all__ = ["NOT_READY", "POLICIES", "ARCPolicy", "CachePolicy", "LRUPolicy", "resolve_policy"]
+__all__ = [
+    "NOT_READY",
+    "POLICIES",
+    "ARCPolicy",
+    "CachePolicy",
+    "LRUPolicy",
+    "S3FIFOPolicy",
+    "SIEVEPolicy",
+    "SightingARCPolicy",
+    "resolve_policy",
+]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from itertools import islice
 
-from numbakv.policies.base import CachePolicy, first_idle
+from numbakv.policies.base import CachePolicy, idle_entries
 from numbakv.specs import BlockHash
 
 
@@ -62,13 +63,12 @@ class ARCPolicy(CachePolicy):
         # of it is at least floor(p), so the first len(T1) - floor(p) + 1 may come from T1; the
         # rest from T2, and from T1 again if T2 runs short.
         t1_first = max(0, min(n, len(self.t1) - int(self.p) + 1))
-        from_t1 = first_idle(self.t1.items(), self.ref_counts, protected, t1_first)
-        from_t2 = first_idle(self.t2.items(), self.ref_counts, protected, n - len(from_t1))
-        missing = n - len(from_t1) - len(from_t2)
-        if missing:
-            from_t1 = first_idle(
-                self.t1.items(), self.ref_counts, protected, len(from_t1) + missing
-            )
+        t1_side = idle_entries(self.t1.items(), self.ref_counts, protected)
+        from_t1 = list(islice(t1_side, t1_first))
+        from_t2 = list(
+            islice(idle_entries(self.t2.items(), self.ref_counts, protected), n - len(from_t1))
+        )
+        from_t1 += islice(t1_side, n - len(from_t1) - len(from_t2))
         self._retire(from_t1, self.t1, self.b1)
         self._retire(from_t2, self.t2, self.b2)
         return from_t1[:t1_first] + from_t2 + from_t1[t1_first:]

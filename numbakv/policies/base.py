@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
 from numbakv.specs import BlockHash
@@ -63,18 +63,14 @@ class CachePolicy(ABC):
         return {}
 
 
-def first_idle(
+def idle_entries(
     entries: Iterable[tuple[BlockHash, int]],
     ref_counts: Sequence[int],
-    protected: Collection[BlockHash],
-    n: int,
-) -> list[tuple[BlockHash, int]]:
-    """Up to n evictable entries, in the order given: idle and not protected."""
-    victims = []
-    if n > 0:
-        for block_hash, block_id in entries:
-            if ref_counts[block_id] == 0 and block_hash not in protected:
-                victims.append((block_hash, block_id))
-                if len(victims) == n:
-                    break
-    return victims
+    protected: AbstractSet[BlockHash],
+) -> Iterator[tuple[BlockHash, int]]:
+    """The evictable (hash, block id) entries, lazily, in the order given: idle, not protected."""
+    return (
+        (block_hash, block_id)
+        for block_hash, block_id in entries
+        if ref_counts[block_id] == 0 and block_hash not in protected
+    )
