@@ -68,13 +68,13 @@ def method_costs(policy: str, capacity: int) -> dict[str, float]:
 
 
 def bytes_per_cached_block(policy: str, capacity: int) -> float:
-    resident = chains_of(0, capacity)  # the engine's hashes: not the manager's memory
+    # The engine's hashes are made first: they are not the manager's memory. The second fill
+    # evicts the first, so policies with ghost lists fill those too.
+    fills = chains_of(0, capacity) + chains_of(capacity, capacity)
     gc.collect()
     tracemalloc.start()
     manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
-    for chain in resident:
-        manager.complete_store(manager.prepare_store(chain).block_hashes_to_store)
-    for chain in chains_of(capacity, capacity):  # a second fill: ARC's ghosts fill up too
+    for chain in fills:
         manager.complete_store(manager.prepare_store(chain).block_hashes_to_store)
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
