@@ -166,7 +166,7 @@ class StandInEngine:
             for block_hash, gpu_block in victims:
                 del self.gpu_cache[block_hash]
                 store_job = self.pending_store.pop(gpu_block, None)
-                if store_job is not None and self.offloader.jobs_in_flight:
+                if store_job is not None and self.offloader.in_flight(store_job):
                     self.offloader.wait(store_job)  # eager mode: ditto, if still in flight
                 self.free_gpu_blocks.append(gpu_block)
         taken = self.free_gpu_blocks[-n:] if n else []
@@ -209,8 +209,7 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     started = time.perf_counter()
     for chain in tqdm(chains, disable=not progress, unit="req"):
         engine.serve(chain)
-    while engine.offloader.jobs_in_flight:
-        engine.offloader.wait(next(iter(engine.offloader._jobs)))
+    engine.offloader.drain()
     report.seconds = time.perf_counter() - started
     return report
 

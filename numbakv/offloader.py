@@ -159,6 +159,12 @@ class KVOffloader:
         self._collect()
         return next(success for finished, success in self._finished if finished == job_id)
 
+    def drain(self) -> list[tuple[int, bool]]:
+        """Wait for every job in flight (at shutdown, say); returns what `poll` would."""
+        while self._jobs:
+            self.wait(next(iter(self._jobs)))
+        return self.poll()
+
     def _collect(self) -> None:
         for job_id, success in self.transfers.get_finished():
             job = self._jobs.pop(job_id)
@@ -174,6 +180,10 @@ class KVOffloader:
     def completion_event(self, job_id: int) -> Any | None:
         """What the compute stream waits on before it reads a load's blocks (None once done)."""
         return self.transfers.completion_event(job_id)
+
+    def in_flight(self, job_id: int) -> bool:
+        """Whether the job has not finished yet (as far as the last poll or wait saw)."""
+        return job_id in self._jobs
 
     @property
     def jobs_in_flight(self) -> int:

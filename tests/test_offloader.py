@@ -171,3 +171,13 @@ def test_block_contents_depend_on_the_hash_and_are_never_constant():
     contents = block_contents(np.array([1, 2]), 100)
     assert contents.shape == (2, 100) and not np.array_equal(contents[0], contents[1])
     assert len(np.unique(contents[0])) > 10
+
+
+def test_drain_finishes_every_job_and_reports_each_once(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, FlakyTransfers(engine, fail_jobs={1}))
+    jobs = [offloader.store([1, 2], [0, 1]), offloader.store([3], [2])]
+    assert all(offloader.in_flight(job) for job in jobs)
+    assert sorted(offloader.drain()) == [(jobs[0], True), (jobs[1], False)]
+    assert not any(offloader.in_flight(job) for job in jobs)
+    assert offloader.poll() == [] and offloader.lookup([1, 2, 3]) == 2

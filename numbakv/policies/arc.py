@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from itertools import islice
 
-from numbakv.policies.base import CachePolicy, idle_entries
+from numbakv.policies.base import CachePolicy, idle_entries, retire_to_ghosts
 from numbakv.specs import BlockHash
 
 
@@ -69,21 +69,9 @@ class ARCPolicy(CachePolicy):
             islice(idle_entries(self.t2.items(), self.ref_counts, protected), n - len(from_t1))
         )
         from_t1 += islice(t1_side, n - len(from_t1) - len(from_t2))
-        self._retire(from_t1, self.t1, self.b1)
-        self._retire(from_t2, self.t2, self.b2)
+        retire_to_ghosts(from_t1, self.t1, self.b1, self.capacity)
+        retire_to_ghosts(from_t2, self.t2, self.b2, self.capacity)
         return from_t1[:t1_first] + from_t2 + from_t1[t1_first:]
-
-    def _retire(
-        self,
-        victims: list[tuple[BlockHash, int]],
-        resident: OrderedDict[BlockHash, int],
-        ghosts: OrderedDict[BlockHash, None],
-    ) -> None:
-        for block_hash, _ in victims:
-            del resident[block_hash]
-            ghosts[block_hash] = None
-        for _ in range(len(ghosts) - self.capacity):
-            ghosts.popitem(last=False)
 
     def clear(self) -> None:
         self.p = 0.0

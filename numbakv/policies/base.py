@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
@@ -74,3 +75,18 @@ def idle_entries(
         for block_hash, block_id in entries
         if ref_counts[block_id] == 0 and block_hash not in protected
     )
+
+
+def retire_to_ghosts(
+    victims: Iterable[tuple[BlockHash, int]],
+    resident: OrderedDict[BlockHash, int],
+    ghosts: OrderedDict[BlockHash, None],
+    ghost_limit: int,
+) -> None:
+    """Move evicted blocks from a resident list to the newest end of a ghost list, keeping at most
+    `ghost_limit` ghosts (the oldest go)."""
+    for block_hash, _ in victims:
+        del resident[block_hash]
+        ghosts[block_hash] = None
+    for _ in range(len(ghosts) - ghost_limit):
+        ghosts.popitem(last=False)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from itertools import count
 
-from numbakv.policies.base import CachePolicy, idle_entries
+from numbakv.policies.base import CachePolicy, idle_entries, retire_to_ghosts
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
@@ -116,23 +116,11 @@ class SightingARCPolicy(CachePolicy):
                 chosen_t2.append(head_t2)
                 head_t2 = next(from_t2, None)
         # Lists change only now: the generators above walk them.
-        self._retire(chosen_t1, self.t1, self.b1, SIGHTING_MEMORY * self.capacity)
-        self._retire(chosen_t2, self.t2, self.b2, self.capacity)
-        return chosen_t1 + chosen_t2
-
-    def _retire(
-        self,
-        victims: list[tuple[BlockHash, int]],
-        resident: OrderedDict[BlockHash, int],
-        ghosts: OrderedDict[BlockHash, None],
-        ghost_limit: int,
-    ) -> None:
-        for block_hash, _ in victims:
-            del resident[block_hash]
+        for block_hash, _ in chosen_t1 + chosen_t2:
             del self.last_used[block_hash]
-            ghosts[block_hash] = None
-        for _ in range(len(ghosts) - ghost_limit):
-            ghosts.popitem(last=False)
+        retire_to_ghosts(chosen_t1, self.t1, self.b1, SIGHTING_MEMORY * self.capacity)
+        retire_to_ghosts(chosen_t2, self.t2, self.b2, self.capacity)
+        return chosen_t1 + chosen_t2
 
     def clear(self) -> None:
         for entries in (self.t1, self.t2, self.b1, self.b2, self.last_used, self._just_stored):
