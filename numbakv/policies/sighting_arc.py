@@ -3,18 +3,18 @@ its frequent side on their second sighting."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from itertools import count
 
-from numbakv.policies.base import CachePolicy, idle_entries, retire_to_ghosts
+from numbakv.policies.arc import ARCPolicy
+from numbakv.policies.base import idle_entries, retire_to_ghosts
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
 
 
-class SightingARCPolicy(CachePolicy):
+class SightingARCPolicy(ARCPolicy):
     """Adapts online between LRU and "admit on the second sighting"; no knob.
 
     Most KV blocks are never used again, and those that are come back after a long gap (the next
@@ -35,18 +35,10 @@ class SightingARCPolicy(CachePolicy):
 
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         super().__init__(capacity, ref_counts)
-        self.t1: OrderedDict[BlockHash, int] = OrderedDict()
-        self.t2: OrderedDict[BlockHash, int] = OrderedDict()
-        self.b1: OrderedDict[BlockHash, None] = OrderedDict()
-        self.b2: OrderedDict[BlockHash, None] = OrderedDict()
-        self.last_used: dict[BlockHash, int] = {}
+        self.p = float(capacity)
+        self.last_used: dict[BlockHash, int] = {}  # a clock tick per resident block
         self._clock = count()
         self._just_stored: dict[BlockHash, None] = {}  # in store order
-        self.p = float(capacity)
-
-    def get(self, block_hash: BlockHash) -> int | None:
-        block_id = self.t1.get(block_hash)
-        return block_id if block_id is not None else self.t2.get(block_hash)
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
         for block_hash, block_id in zip(block_hashes, block_ids):
@@ -66,32 +58,17 @@ class SightingARCPolicy(CachePolicy):
         self._just_stored.clear()
 
     def remove(self, block_hash: BlockHash) -> None:
-        if self.t1.pop(block_hash, None) is None:
-            del self.t2[block_hash]
+        super().remove(block_hash)
         self.last_used.pop(block_hash, None)
         self._just_stored.pop(block_hash, None)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         self._rank_just_stored()
-        t1, t2, b1, b2, last_used = self.t1, self.t2, self.b1, self.b2, self.last_used
+        super().touch(block_hashes)  # ARC's promotion and ghost-driven p
         now = next(self._clock)
-        # From the last hash to the first, so that the chain's head ends the most recent.
-        for block_hash in reversed(block_hashes):
-            block_id = t1.pop(block_hash, None)
-            if block_id is not None:
-                # A block whose store is still in flight has not really been seen twice.
-                ready = self.ref_counts[block_id] >= 0
-                (t2 if ready else t1)[block_hash] = block_id
-                last_used[block_hash] = now
-            elif block_hash in t2:
-                t2.move_to_end(block_hash)
-                last_used[block_hash] = now
-            elif block_hash in b1:
-                self.p = min(self.p + max(1.0, len(b2) / len(b1)), self.capacity)
-                b1.move_to_end(block_hash)
-            elif block_hash in b2:
-                self.p = max(self.p - max(1.0, len(b1) / len(b2)), 0.0)
-                b2.move_to_end(block_hash)
+        for block_hash in block_hashes:
+            if block_hash in self.t1 or block_hash in self.t2:
+                self.last_used[block_hash] = now
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # One victim at a time, as if the earlier ones were gone: T1's least recent while T1 is
@@ -123,19 +100,8 @@ class SightingARCPolicy(CachePolicy):
         return chosen_t1 + chosen_t2
 
     def clear(self) -> None:
-        for entries in (self.t1, self.t2, self.b1, self.b2, self.last_used, self._just_stored):
-            entries.clear()
-        self._clock = count()
+        super().clear()
         self.p = float(self.capacity)
-
-    def __len__(self) -> int:
-        return len(self.t1) + len(self.t2)
-
-    def stats(self) -> dict[str, float]:
-        return {
-            "p": self.p,
-            "t1": len(self.t1),
-            "t2": len(self.t2),
-            "b1": len(self.b1),
-            "b2": len(self.b2),
-        }
+        self.last_used.clear()
+        self._just_stored.clear()
+        self._clock = count()
