@@ -9,11 +9,29 @@ import sys
 
 import pytest
 
-from tests.metrics_fakes import EXPECTED, WRITER, run_writers
 from service.metrics_dir import MetricsDirectory
-
+from tests.metrics_fakes import EXPECTED, run_writers
 
 GAUGES = ("numbakv_host_", "numbakv_arc_")
+
+
+def run_engine_process(code: str, directory, *args: str) -> str:
+    """Run `code` as an engine process writing into `directory` (multiprocess mode); its stdout.
+
+    The code imports `tests.metrics_fakes` and `numbakv.metrics` from the checkout.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    prelude = "import sys; sys.path.insert(0, sys.argv[1])\n"
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + code, root, *args],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout
 
 
 def merged_samples(directory) -> dict:
@@ -46,19 +64,18 @@ def test_writers_sharing_an_instance_are_summed(tmp_path):
 
 def test_live_gauges_are_served_while_the_writer_runs(tmp_path):
     # The writer reads the directory itself before it exits (and drops its live gauges).
-    code = (
-        "import sys, json; sys.path[:0] = sys.argv[1:3]\n"
-        "from metrics_fakes import FakeManager, run_workload\n"
+    out = run_engine_process(
+        "import json\n"
+        "from tests.metrics_fakes import FakeManager, run_workload\n"
         "from numbakv.metrics import OffloadMetrics\n"
         "from service.metrics_dir import MetricsDirectory\n"
         "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); run_workload(m, om); om.sync()\n"
-        "metrics, _ = MetricsDirectory(sys.argv[3]).read()\n"
-        "print(json.dumps({s.name + str(sorted(s.labels.items())): s.value for x in metrics for s in x.samples}))\n"
+        "metrics, _ = MetricsDirectory(sys.argv[2]).read()\n"
+        "print(json.dumps({s.name + str(sorted(s.labels.items())): s.value"
+        " for x in metrics for s in x.samples}))\n",
+        tmp_path,
+        str(tmp_path),
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER), str(tmp_path)],
-                         env=env, check=True, capture_output=True, text=True, timeout=60).stdout
     got = json.loads(out)
     for (name, labels), value in EXPECTED.items():
         if name.startswith(GAUGES):
@@ -66,16 +83,13 @@ def test_live_gauges_are_served_while_the_writer_runs(tmp_path):
 
 
 def test_sync_writes_only_deltas(tmp_path):
-    code = (
-        "import sys; sys.path[:0] = sys.argv[1:3]\n"
-        "from metrics_fakes import FakeManager, run_workload\n"
+    run_engine_process(
+        "from tests.metrics_fakes import FakeManager, run_workload\n"
         "from numbakv.metrics import OffloadMetrics\n"
         "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0')\n"
-        "run_workload(m, om); om.sync(); om.sync(); run_workload(m, om); om.sync(); om.close()\n"
+        "run_workload(m, om); om.sync(); om.sync(); run_workload(m, om); om.sync(); om.close()\n",
+        tmp_path,
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER)], env=env, check=True, timeout=60)
     got = merged_samples(tmp_path)
     for (name, labels), value in EXPECTED.items():
         if not name.startswith(GAUGES):
@@ -83,17 +97,15 @@ def test_sync_writes_only_deltas(tmp_path):
 
 
 def test_sync_thread_publishes_without_explicit_syncs(tmp_path):
-    code = (
-        "import sys, time; sys.path[:0] = sys.argv[1:3]\n"
-        "from metrics_fakes import FakeManager, run_workload\n"
+    run_engine_process(
+        "import os, time\n"
+        "from tests.metrics_fakes import FakeManager, run_workload\n"
         "from numbakv.metrics import OffloadMetrics\n"
         "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); om.start_sync_thread(0.01)\n"
         "run_workload(m, om); time.sleep(0.2)\n"
-        "import os; os._exit(0)  # no close(), no atexit: only the thread can have written\n"
+        "os._exit(0)  # no close(), no atexit: only the thread can have written\n",
+        tmp_path,
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", code, root, os.path.dirname(WRITER)], env=env, check=True, timeout=60)
     got = merged_samples(tmp_path)
     for (name, labels), value in EXPECTED.items():
         assert got[(name, labels)] == pytest.approx(value), name
