@@ -88,7 +88,8 @@ class CPUOffloadingManager:
         self.max_tracker_size = _positive_int("max_tracker_size", max_tracker_size)
         self.policy_name = cache_policy
         # Reader count of each host slot, by block id; free slots and blocks being stored hold -1.
-        self._ref_counts = [NOT_READY] * self.num_blocks
+        # Filled by _reset_slots, in place: the policy keeps a reference to this list.
+        self._ref_counts: list[int] = []
         self._policy = resolve_policy(cache_policy)(self.num_blocks, self._ref_counts)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         # How often lookup examined each recent hash; only kept when admission needs it.
