@@ -56,7 +56,7 @@ def test_watch_keeps_ends_that_come_back() -> None:
 
 
 def test_watch_waits_for_evidence() -> None:
-    watch = ChainEndWatch(capacity=100)
+    watch = ChainEndWatch(size=100)
     for turn in range(EVIDENCE):
         watch.watch(end=-turn - 1, sibling=turn)
         watch.seen([turn])  # every sibling comes back, no end does
@@ -66,7 +66,7 @@ def test_watch_waits_for_evidence() -> None:
 
 
 def test_watch_forgets_the_oldest_beyond_capacity() -> None:
-    watch = ChainEndWatch(capacity=4)
+    watch = ChainEndWatch(size=4)
     for end in range(10):
         watch.watch(end, None)
     assert list(watch._watched) == [6, 7, 8, 9]

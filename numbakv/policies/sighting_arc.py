@@ -14,6 +14,7 @@ from numbakv.specs import BlockHash
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
 EVIDENCE = 16  # re-used siblings seen before chain ends are judged against them
 RARELY = 8  # chain ends are demoted when re-used less than 1/RARELY as often as their siblings
+WATCHED = 4  # chain ends and siblings remembered: capacity / WATCHED hashes (results flat to 16)
 
 
 class SightingARCPolicy(ARCPolicy):
@@ -44,7 +45,7 @@ class SightingARCPolicy(ARCPolicy):
         self.last_used: dict[BlockHash, int] = {}  # a clock tick per resident block
         self._clock = count()
         self._just_stored: dict[BlockHash, None] = {}  # in store order
-        self.chain_ends = ChainEndWatch(capacity)
+        self.chain_ends = ChainEndWatch(max(1, capacity // WATCHED))
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
         for block_hash, block_id in zip(block_hashes, block_ids):
@@ -123,19 +124,19 @@ class SightingARCPolicy(ARCPolicy):
         self.last_used.clear()
         self._just_stored.clear()
         self._clock = count()
-        self.chain_ends = ChainEndWatch(self.capacity)
+        self.chain_ends = ChainEndWatch(max(1, self.capacity // WATCHED))
 
 
 class ChainEndWatch:
     """How often stored chain ends come back, against the block stored just before each.
 
-    Remembers the last `capacity` ends and siblings (hashes only, resident or not) and counts
+    Remembers the last `size` ends and siblings (hashes only, resident or not) and counts
     those a later touch names. Ends are demoted once siblings have come back `EVIDENCE` times
     and ends at under 1/`RARELY` of their rate.
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self, size: int) -> None:
+        self.size = size
         self.last_touched: BlockHash | None = None
         self._watched: dict[BlockHash, int] = {}  # hash -> 0 (chain end) or 1 (sibling)
         self._watched_count = [0, 0]
@@ -162,5 +163,5 @@ class ChainEndWatch:
         if sibling is not None:
             watched[sibling] = 1
             self._watched_count[1] += 1
-        while len(watched) > self.capacity:
+        while len(watched) > self.size:
             del watched[next(iter(watched))]
