@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from numbakv import CPUOffloadingManager
-from numbakv.policies.sighting_arc import EVIDENCE, ChainEndWatch
+from numbakv.policies.chain_ends import EVIDENCE, ChainEndWatch
 
 SESSIONS = 6
 TURNS = 12

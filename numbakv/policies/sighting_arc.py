@@ -1,5 +1,5 @@
-"""Sighting ARC: ARC that starts as LRU, remembers blocks seen once far back, and admits them into
-its frequent side on their second sighting."""
+"""Sighting ARC: ARC's lists, a long memory of blocks seen once, and a bound on them chosen by
+miniature simulations of itself."""
 
 from __future__ import annotations
 
@@ -9,43 +9,61 @@ from itertools import count
 
 from numbakv.policies.arc import ARCPolicy
 from numbakv.policies.base import idle_entries, retire_to_ghosts
+from numbakv.policies.chain_ends import ChainEndWatch
+from numbakv.policies.miniatures import MiniatureTuner, sampling_for
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
-EVIDENCE = 16  # re-used siblings seen before chain ends are judged against them
-RARELY = 8  # chain ends are demoted when re-used less than 1/RARELY as often as their siblings
+BOUNDS = (1.0, 0.5, 0.25, 0.125, 0.0)  # candidate bounds on once-seen blocks, x capacity; LRU first
 WATCHED = 4  # chain ends and siblings remembered: capacity / WATCHED hashes (results flat to 16)
 
 
 class SightingARCPolicy(ARCPolicy):
-    """Adapts online between LRU and "admit on the second sighting"; no knob.
+    """Chooses online between LRU and "admit on the second sighting"; no knob.
 
     Most KV blocks are never used again, and those that are come back after a long gap (the next
     turn of a conversation). Like ARC (Megiddo & Modha, FAST 2003) it keeps T1 (blocks seen once),
-    T2 (seen again), ghost lists B1 and B2 of evicted hashes, and a bound p on T1 moved by ghost
-    hits. It differs from vLLM's ARC in five ways:
+    T2 (seen again), ghost lists B1 and B2 of evicted hashes, and a bound p on T1. Differences:
 
     - a block whose hash is a ghost is stored straight into T2, as in the paper (vLLM puts it back
       into T1, where the next burst of one-off blocks pushes it out again);
     - B1 remembers `SIGHTING_MEMORY` capacities of hashes, so a second sighting is recognised even
       when the gap is longer than the cache;
-    - p starts at the capacity and, while T1 is within p, victims are the least recent blocks of
-      either list: the policy is LRU until B2 hits (re-used blocks evicted too early) shrink p,
-      and from then on once-seen blocks beyond p go first;
+    - while T1 is within p, victims are the least recent blocks of either list (LRU); beyond p,
+      once-seen blocks go first;
+    - p is not moved by ghost hits but chosen among `BOUNDS`: miniature copies of this policy, one
+      per bound, replay a sample of the traffic, and p follows the one that hits most;
     - blocks stored since the last touch are ranked like a touched chain, the first the most recent:
       a hit on any of them needs the ones before it;
     - a chain's last block is ranked below every other block while it comes back far less often
-      (under 1/`RARELY`) than the block before it: a prompt's last block is usually partial, so
-      its hash changes when the conversation goes on. `ChainEndWatch` measures both rates online.
+      than the block before it (`ChainEndWatch`).
+
+    `bound` fixes p at bound x capacity and turns the last two rules off: that is what the
+    miniatures run.
     """
 
-    def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
+    def __init__(
+        self, capacity: int, ref_counts: Sequence[int], bound: float | None = None
+    ) -> None:
         super().__init__(capacity, ref_counts)
-        self.p = float(capacity)
+        self.bound = bound
         self.last_used: dict[BlockHash, int] = {}  # a clock tick per resident block
-        self._clock = count()
         self._just_stored: dict[BlockHash, None] = {}  # in store order
-        self.chain_ends = ChainEndWatch(max(1, capacity // WATCHED))
+        self._start()
+
+    def _start(self) -> None:
+        """Fresh clock, bound, and (when self-tuned) miniatures and chain-end watch."""
+        self._clock = count()
+        if self.bound is not None:
+            self.p = self.bound * self.capacity
+            self._tuner = self.chain_ends = None
+            return
+        self.p = float(self.capacity)
+        sampling = sampling_for(self.capacity)
+        size = max(1, self.capacity // sampling)
+        candidates = [SightingARCPolicy(size, [0] * size, bound) for bound in BOUNDS]
+        self._tuner = MiniatureTuner(candidates, sampling)
+        self.chain_ends = ChainEndWatch(max(1, self.capacity // WATCHED))
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
         for block_hash, block_id in zip(block_hashes, block_ids):
@@ -57,8 +75,8 @@ class SightingARCPolicy(ARCPolicy):
 
     def _rank_just_stored(self) -> None:
         """Reorder the blocks stored since the last call (still the newest of their lists) so that
-        the first of them ends the most recent, as a touch would; a chain end that is rarely
-        re-used goes to the old end instead."""
+        the first of them ends the most recent, as a touch would; a chain end that rarely comes
+        back goes to the old end instead."""
         just_stored = self._just_stored
         if not just_stored:
             return
@@ -68,9 +86,10 @@ class SightingARCPolicy(ARCPolicy):
             self.last_used[block_hash] = next(self._clock)
         stored = list(just_stored)
         just_stored.clear()
-        if stored[-1] == self.chain_ends.last_touched:
-            self.chain_ends.watch(stored[-1], stored[-2] if len(stored) > 1 else None)
-            if self.chain_ends.demote:
+        chain_ends = self.chain_ends
+        if chain_ends is not None and stored[-1] == chain_ends.last_touched:
+            chain_ends.watch(stored[-1], stored[-2] if len(stored) > 1 else None)
+            if chain_ends.demote:
                 resident = self.t1 if stored[-1] in self.t1 else self.t2
                 resident.move_to_end(stored[-1], last=False)
                 self.last_used[stored[-1]] = -1
@@ -82,12 +101,24 @@ class SightingARCPolicy(ARCPolicy):
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         self._rank_just_stored()
-        self.chain_ends.seen(block_hashes)
-        super().touch(block_hashes)  # ARC's promotion and ghost-driven p
+        if self._tuner is not None:
+            self.p = BOUNDS[self._tuner.observe(block_hashes)] * self.capacity
+            self.chain_ends.seen(block_hashes)
+        t1, t2, b1, b2, last_used = self.t1, self.t2, self.b1, self.b2, self.last_used
         now = next(self._clock)
-        for block_hash in block_hashes:
-            if block_hash in self.t1 or block_hash in self.t2:
-                self.last_used[block_hash] = now
+        for block_hash in reversed(block_hashes):
+            block_id = t1.pop(block_hash, None)
+            if block_id is not None:
+                # A block whose store is still in flight has not really been seen twice.
+                (t2 if self.ref_counts[block_id] >= 0 else t1)[block_hash] = block_id
+                last_used[block_hash] = now
+            elif block_hash in t2:
+                t2.move_to_end(block_hash)
+                last_used[block_hash] = now
+            elif block_hash in b1:
+                b1.move_to_end(block_hash)
+            elif block_hash in b2:
+                b2.move_to_end(block_hash)
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # One victim at a time, as if the earlier ones were gone: T1's least recent while T1 is
@@ -120,48 +151,6 @@ class SightingARCPolicy(ARCPolicy):
 
     def clear(self) -> None:
         super().clear()
-        self.p = float(self.capacity)
         self.last_used.clear()
         self._just_stored.clear()
-        self._clock = count()
-        self.chain_ends = ChainEndWatch(max(1, self.capacity // WATCHED))
-
-
-class ChainEndWatch:
-    """How often stored chain ends come back, against the block stored just before each.
-
-    Remembers the last `size` ends and siblings (hashes only, resident or not) and counts
-    those a later touch names. Ends are demoted once siblings have come back `EVIDENCE` times
-    and ends at under 1/`RARELY` of their rate.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.last_touched: BlockHash | None = None
-        self._watched: dict[BlockHash, int] = {}  # hash -> 0 (chain end) or 1 (sibling)
-        self._watched_count = [0, 0]
-        self._reused_count = [0, 0]
-        self.demote = False
-
-    def seen(self, block_hashes: Sequence[BlockHash]) -> None:
-        if not block_hashes:
-            return
-        self.last_touched = block_hashes[-1]
-        watched = self._watched
-        for block_hash in watched.keys() & block_hashes:
-            self._reused_count[watched.pop(block_hash)] += 1
-        ends, siblings = self._reused_count
-        watched_ends, watched_siblings = self._watched_count
-        self.demote = (
-            siblings >= EVIDENCE and RARELY * ends * watched_siblings < siblings * watched_ends
-        )
-
-    def watch(self, end: BlockHash, sibling: BlockHash | None) -> None:
-        watched = self._watched
-        watched[end] = 0
-        self._watched_count[0] += 1
-        if sibling is not None:
-            watched[sibling] = 1
-            self._watched_count[1] += 1
-        while len(watched) > self.size:
-            del watched[next(iter(watched))]
+        self._start()

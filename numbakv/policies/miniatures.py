@@ -1,0 +1,79 @@
+"""Miniature simulations: run candidate settings of a policy on a sample of the traffic and follow
+the one that hits most (after Waldspurger et al., "Cache Modeling and Optimization using
+Miniature Simulations", USENIX ATC 2017)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from numbakv.policies.base import CachePolicy
+from numbakv.specs import BlockHash
+
+SAMPLING = 16  # one hash in SAMPLING is simulated ...
+SMALLEST = 256  # ... unless that leaves a miniature below SMALLEST blocks
+FORGET = (
+    4000  # scores are halved whenever the leader's passes FORGET hits: recent traffic counts more
+)
+
+
+def sampling_for(capacity: int) -> int:
+    """1 in how many hashes a miniature of a `capacity`-block cache sees."""
+    return max(1, min(SAMPLING, capacity // SMALLEST))
+
+
+class Miniature:
+    """A policy instance of capacity/sampling blocks fed the sampled hashes of every request,
+    with the replay semantics of the real cache: hits are the leading cached run, then a touch,
+    then the missing blocks are stored (instantly ready). Hashes only: no bytes, no manager."""
+
+    def __init__(self, policy: CachePolicy) -> None:
+        self.policy = policy
+        self.hits = 0.0
+        self._free_ids = list(range(policy.capacity))
+
+    def request(self, chain: Sequence[BlockHash]) -> None:
+        policy = self.policy
+        hits = 0
+        for block_hash in chain:
+            if policy.get(block_hash) is None:
+                break
+            hits += 1
+        self.hits += hits
+        policy.touch(chain)
+        tail = dict.fromkeys(chain[hits:])  # in order, without repeats
+        missing = [block_hash for block_hash in tail if policy.get(block_hash) is None]
+        # Like the manager: all or nothing, and never evict a block the request names.
+        if not missing or len(missing) > policy.capacity - (len(tail) - len(missing)):
+            return
+        shortfall = len(missing) - len(self._free_ids)
+        if shortfall > 0:
+            victims = policy.evict(shortfall, tail.keys())
+            self._free_ids += (block_id for _, block_id in victims)
+        policy.insert(missing, [self._free_ids.pop() for _ in missing])
+
+
+class MiniatureTuner:
+    """Replays a 1-in-`sampling` sample of the hashes through one miniature per candidate and
+    names the candidate whose miniature has hit most lately (the first one on a tie)."""
+
+    def __init__(self, candidates: Sequence[CachePolicy], sampling: int) -> None:
+        self.miniatures = [Miniature(policy) for policy in candidates]
+        self.sampling = sampling
+        self.leader = 0
+
+    def observe(self, chain: Sequence[BlockHash]) -> int:
+        """Feed one request's chain; returns the index of the leading candidate."""
+        sampling = self.sampling
+        sampled = [block_hash for block_hash in chain if hash(block_hash) % sampling == 0]
+        if not sampled:
+            return self.leader
+        miniatures = self.miniatures
+        for miniature in miniatures:
+            miniature.request(sampled)
+        scores = [miniature.hits for miniature in miniatures]
+        best = max(scores)
+        self.leader = scores.index(best)
+        if best > FORGET:
+            for miniature in miniatures:
+                miniature.hits /= 2
+        return self.leader

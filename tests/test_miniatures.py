@@ -1,0 +1,126 @@
+"""Miniature simulations: the same replay as the manager, and a tuner that follows the best."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from numbakv import CPUOffloadingManager
+from numbakv.policies import LRUPolicy, SightingARCPolicy
+from numbakv.policies.miniatures import (
+    FORGET,
+    SAMPLING,
+    SMALLEST,
+    Miniature,
+    MiniatureTuner,
+    sampling_for,
+)
+from numbakv.policies.sighting_arc import BOUNDS
+
+
+def random_chains(seed: int, requests: int = 300) -> list[list[int]]:
+    """Chains that share prefixes: each extends an earlier one or starts afresh, and now and then
+    names a block twice (the manager takes that too)."""
+    rng = random.Random(seed)
+    fresh = iter(range(10**6))
+    chains: list[list[int]] = []
+    for _ in range(requests):
+        base = rng.choice(chains)[: rng.randint(0, 6)] if chains and rng.random() < 0.7 else []
+        chain = base + [next(fresh) for _ in range(rng.randint(1, 5))]
+        if rng.random() < 0.1:
+            chain.append(rng.choice(chain))
+        chains.append(chain)
+    return chains
+
+
+def one_off_flood(requests: int = 400) -> list[list[int]]:
+    """A hot prompt that comes back every 4th request between floods of one-off blocks."""
+    fresh = iter(range(1000, 10**6))
+    hot = list(range(8))
+    return [hot if i % 4 == 0 else [next(fresh) for _ in range(12)] for i in range(requests)]
+
+
+def chat(requests: int = 400, sessions: int = 6, turns: int = 3) -> list[list[int]]:
+    """Sessions in turn, each re-sending its history for a few turns, then replaced by a new one:
+    what was used most is already finished, only recency matters."""
+    fresh = iter(range(1000, 10**6))
+    histories: list[list[int]] = [[] for _ in range(sessions)]
+    chains = []
+    for i in range(requests):
+        history = histories[i % sessions]
+        if len(history) == 2 * turns:
+            history.clear()
+        history += [next(fresh), next(fresh)]
+        chains.append(list(history))
+    return chains
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("capacity", [3, 10, 40])
+def test_a_miniature_hits_what_the_manager_hits(seed: int, capacity: int) -> None:
+    chains = random_chains(seed)
+    manager = CPUOffloadingManager(1, capacity, "lru")
+    miniature = Miniature(LRUPolicy(capacity, [0] * capacity))
+    hits = 0
+    for chain in chains:
+        hits += manager.lookup(chain)
+        manager.touch(chain)
+        output = manager.prepare_store(chain[manager.lookup(chain) :])
+        if output is not None:
+            manager.complete_store(output.block_hashes_to_store)
+        miniature.request(chain)
+    assert miniature.hits == hits > 0
+
+
+def test_sampling_keeps_miniatures_big_enough() -> None:
+    assert sampling_for(10) == 1
+    assert sampling_for(SMALLEST * 4) == 4
+    assert sampling_for(10**6) == SAMPLING
+
+
+def tuner_for(capacity: int) -> MiniatureTuner:
+    return MiniatureTuner(
+        [SightingARCPolicy(capacity, [0] * capacity, bound) for bound in (1.0, 0.0)], sampling=1
+    )
+
+
+def test_the_tuner_follows_the_candidate_that_hits_most() -> None:
+    flooded, chatty = tuner_for(16), tuner_for(16)
+    for chain in one_off_flood():
+        flooded.observe(chain)
+    for chain in chat():
+        chatty.observe(chain)
+    lru_like, admitting = (miniature.hits for miniature in flooded.miniatures)
+    assert admitting > lru_like and flooded.leader == 1
+    lru_like, admitting = (miniature.hits for miniature in chatty.miniatures)
+    assert lru_like > admitting and chatty.leader == 0
+
+
+def test_the_first_candidate_leads_a_tie_and_scores_are_halved_past_forget() -> None:
+    tuner = tuner_for(4)
+    assert tuner.observe([1, 2]) == 0  # no hits anywhere yet
+    hot = list(range(100))
+    tuner = MiniatureTuner([LRUPolicy(100, [0] * 100)], sampling=1)
+    for _ in range(FORGET // 100 + 2):
+        tuner.observe(hot)
+    assert FORGET / 2 < tuner.miniatures[0].hits <= FORGET
+
+
+def test_sarc_takes_its_bound_from_the_tuner() -> None:
+    for chains, expected in ((one_off_flood(), min(BOUNDS)), (chat(), max(BOUNDS))):
+        manager = CPUOffloadingManager(1, 16, "sarc")
+        for chain in chains:
+            hits = manager.lookup(chain)
+            manager.touch(chain)
+            output = manager.prepare_store(chain[hits:])
+            if output is not None:
+                manager.complete_store(output.block_hashes_to_store)
+        assert manager._policy.p == expected * 16
+
+
+def test_a_fixed_bound_runs_no_miniatures() -> None:
+    policy = SightingARCPolicy(100, [0] * 100, bound=0.25)
+    policy.touch([1, 2, 3])
+    assert policy.p == 25
+    assert policy.chain_ends is None
