@@ -14,7 +14,7 @@ from numbakv.policies.miniatures import MiniatureTuner, sampling_for
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
-BOUNDS = (1.0, 0.5, 0.25, 0.125, 0.0)  # candidate bounds on once-seen blocks, x capacity; LRU first
+BOUNDS = (0.0, 0.125, 0.25, 0.5, 1.0)  # candidate bounds on once-seen blocks, x capacity
 WATCHED = 4  # chain ends and siblings remembered: capacity / WATCHED hashes (results flat to 16)
 
 
@@ -32,7 +32,8 @@ class SightingARCPolicy(ARCPolicy):
     - while T1 is within p, victims are the least recent blocks of either list (LRU); beyond p,
       once-seen blocks go first;
     - p is not moved by ghost hits but chosen among `BOUNDS`: miniature copies of this policy, one
-      per bound, replay a sample of the traffic, and p follows the one that hits most;
+      per bound, replay a sample of the traffic, and p follows the one that hits most (the smallest
+      bound on a tie: until something comes back, a block seen twice is the better bet);
     - blocks stored since the last touch are ranked like a touched chain, the first the most recent:
       a hit on any of them needs the ones before it;
     - a chain's last block is ranked below every other block while it comes back far less often
