@@ -17,6 +17,7 @@ from numbakv.policies.miniatures import (
     sampling_for,
 )
 from numbakv.policies.sighting_arc import BOUNDS
+from tests.replaying import replay_into
 
 
 def random_chains(seed: int, requests: int = 300) -> list[list[int]]:
@@ -110,12 +111,7 @@ def test_the_first_candidate_leads_a_tie_and_scores_are_halved_past_forget() -> 
 def test_sarc_takes_its_bound_from_the_tuner() -> None:
     for chains, expected in ((one_off_flood(), min(BOUNDS)), (chat(), max(BOUNDS))):
         manager = CPUOffloadingManager(1, 16, "sarc")
-        for chain in chains:
-            hits = manager.lookup(chain)
-            manager.touch(chain)
-            output = manager.prepare_store(chain[hits:])
-            if output is not None:
-                manager.complete_store(output.block_hashes_to_store)
+        replay_into(manager, chains)
         assert manager._policy.p == expected * 16
 
 

@@ -6,6 +6,7 @@ import itertools
 
 from numbakv import CPUOffloadingManager
 from numbakv.policies.chain_ends import EVIDENCE, ChainEndWatch
+from tests.replaying import replay_into
 
 SESSIONS = 6
 TURNS = 12
@@ -29,18 +30,9 @@ def conversation(partial_ends: bool) -> list[list[int]]:
     return chains
 
 
-def replay(manager: CPUOffloadingManager, chains: list[list[int]]) -> None:
-    for chain in chains:
-        hits = manager.lookup(chain)
-        manager.touch(chain)
-        output = manager.prepare_store(chain[hits:])
-        if output is not None:
-            manager.complete_store(output.block_hashes_to_store)
-
-
 def test_watch_demotes_ends_that_do_not_come_back() -> None:
     manager = CPUOffloadingManager(1, 1000, "sarc")
-    replay(manager, conversation(partial_ends=True))
+    replay_into(manager, conversation(partial_ends=True))
     watch = manager._policy.chain_ends
     assert watch._reused_count[1] >= EVIDENCE
     assert watch._reused_count[0] == 0
@@ -49,7 +41,7 @@ def test_watch_demotes_ends_that_do_not_come_back() -> None:
 
 def test_watch_keeps_ends_that_come_back() -> None:
     manager = CPUOffloadingManager(1, 1000, "sarc")
-    replay(manager, conversation(partial_ends=False))
+    replay_into(manager, conversation(partial_ends=False))
     watch = manager._policy.chain_ends
     assert watch._reused_count[0] >= EVIDENCE
     assert not watch.demote
@@ -76,7 +68,7 @@ def test_a_demoted_chain_end_is_the_first_victim() -> None:
     chains = conversation(partial_ends=True)
     distinct = len({block for chain in chains for block in chain})
     manager = CPUOffloadingManager(1, distinct, "sarc")
-    replay(manager, chains)  # fills the cache exactly: nothing evicted yet
+    replay_into(manager, chains)  # fills the cache exactly: nothing evicted yet
     assert manager._policy.chain_ends.demote
     newest = chains[-1]
     old_block = chains[0][0]
@@ -89,7 +81,7 @@ def test_without_partial_ends_the_chain_end_keeps_its_rank() -> None:
     chains = conversation(partial_ends=False)
     distinct = len({block for chain in chains for block in chain})
     manager = CPUOffloadingManager(1, distinct, "sarc")
-    replay(manager, chains)
+    replay_into(manager, chains)
     assert not manager._policy.chain_ends.demote
     evicted = manager.prepare_store([-1, -2, -3]).block_hashes_evicted
     assert chains[-1][-1] not in evicted
