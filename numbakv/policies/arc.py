@@ -52,11 +52,19 @@ class ARCPolicy(CachePolicy):
             elif block_hash in t2:
                 t2.move_to_end(block_hash)
             elif block_hash in b1:
-                self.p = min(self.p + max(1.0, len(b2) / len(b1)), self.capacity)
+                self._adapt_to_ghost(in_b1=True)
                 b1.move_to_end(block_hash)
             elif block_hash in b2:
-                self.p = max(self.p - max(1.0, len(b1) / len(b2)), 0.0)
+                self._adapt_to_ghost(in_b1=False)
                 b2.move_to_end(block_hash)
+
+    def _adapt_to_ghost(self, in_b1: bool) -> None:
+        """Move p towards the side whose ghost was touched: T1 was evicted too early (B1) or T2 was."""
+        b1, b2 = self.b1, self.b2
+        if in_b1:
+            self.p = min(self.p + max(1.0, len(b2) / len(b1)), self.capacity)
+        else:
+            self.p = max(self.p - max(1.0, len(b1) / len(b2)), 0.0)
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # Victims come one at a time, as if the earlier ones were gone: from T1 while what remains
