@@ -11,9 +11,8 @@ from numbakv.specs import BlockHash
 
 SAMPLING = 16  # one hash in SAMPLING is simulated ...
 SMALLEST = 256  # ... unless that leaves a miniature below SMALLEST blocks
-FORGET = (
-    4000  # scores are halved whenever the leader's passes FORGET hits: recent traffic counts more
-)
+# Scores are halved whenever the leader's passes FORGET hits, so recent traffic counts more.
+FORGET = 4000
 
 
 def sampling_for(capacity: int) -> int:

@@ -85,15 +85,15 @@ class SightingARCPolicy(ARCPolicy):
             resident = self.t1 if block_hash in self.t1 else self.t2
             resident.move_to_end(block_hash)
             self.last_used[block_hash] = next(self._clock)
-        stored = list(just_stored)
+        newest = reversed(just_stored)
+        end, sibling = next(newest), next(newest, None)
         just_stored.clear()
         chain_ends = self.chain_ends
-        if chain_ends is not None and stored[-1] == chain_ends.last_touched:
-            chain_ends.watch(stored[-1], stored[-2] if len(stored) > 1 else None)
+        if chain_ends is not None and end == chain_ends.last_touched:
+            chain_ends.watch(end, sibling)
             if chain_ends.demote:
-                resident = self.t1 if stored[-1] in self.t1 else self.t2
-                resident.move_to_end(stored[-1], last=False)
-                self.last_used[stored[-1]] = -1
+                (self.t1 if end in self.t1 else self.t2).move_to_end(end, last=False)
+                self.last_used[end] = -1
 
     def remove(self, block_hash: BlockHash) -> None:
         super().remove(block_hash)
@@ -105,21 +105,15 @@ class SightingARCPolicy(ARCPolicy):
         if self._tuner is not None:
             self.p = BOUNDS[self._tuner.observe(block_hashes)] * self.capacity
             self.chain_ends.seen(block_hashes)
-        t1, t2, b1, b2, last_used = self.t1, self.t2, self.b1, self.b2, self.last_used
+        super().touch(block_hashes)  # ARC's promotion; its ghost hits leave p alone (below)
+        t1, t2, last_used = self.t1, self.t2, self.last_used
         now = next(self._clock)
-        for block_hash in reversed(block_hashes):
-            block_id = t1.pop(block_hash, None)
-            if block_id is not None:
-                # A block whose store is still in flight has not really been seen twice.
-                (t2 if self.ref_counts[block_id] >= 0 else t1)[block_hash] = block_id
+        for block_hash in block_hashes:
+            if block_hash in t1 or block_hash in t2:
                 last_used[block_hash] = now
-            elif block_hash in t2:
-                t2.move_to_end(block_hash)
-                last_used[block_hash] = now
-            elif block_hash in b1:
-                b1.move_to_end(block_hash)
-            elif block_hash in b2:
-                b2.move_to_end(block_hash)
+
+    def _adapt_to_ghost(self, in_b1: bool) -> None:
+        """p comes from `BOUNDS` (or the miniatures), not from ghost hits."""
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # One victim at a time, as if the earlier ones were gone: T1's least recent while T1 is
