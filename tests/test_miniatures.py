@@ -62,16 +62,11 @@ def chat(requests: int = 400, sessions: int = 6, turns: int = 3) -> list[list[in
 def test_a_miniature_hits_what_the_manager_hits(seed: int, capacity: int) -> None:
     chains = random_chains(seed)
     manager = CPUOffloadingManager(1, capacity, "lru")
+    replay_into(manager, chains)
     miniature = Miniature(LRUPolicy(capacity, [0] * capacity))
-    hits = 0
     for chain in chains:
-        hits += manager.lookup(chain)
-        manager.touch(chain)
-        output = manager.prepare_store(chain[manager.lookup(chain) :])
-        if output is not None:
-            manager.complete_store(output.block_hashes_to_store)
         miniature.request(chain)
-    assert miniature.hits == hits > 0
+    assert miniature.hits == manager.stats().hit_blocks > 0
 
 
 def test_sampling_keeps_miniatures_big_enough() -> None:
