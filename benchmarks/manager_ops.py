@@ -18,6 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from numbakv import POLICIES, CPUOffloadingManager
+from numbakv.replay import replay_request
 from numbakv.traces import read_hash_chains
 from numbakv.workloads import multi_turn_chat
 
@@ -88,11 +89,7 @@ def manager_replay_seconds(chains, policy: str, capacity: int) -> tuple[float, i
     manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
     started = time.perf_counter()
     for chain in chains:
-        hits = manager.lookup(chain)
-        manager.touch(chain)
-        output = manager.prepare_store(chain[hits:])
-        if output is not None:
-            manager.complete_store(output.block_hashes_to_store)
+        replay_request(manager, chain)
     return time.perf_counter() - started, manager.stats().hit_blocks
 
 

@@ -50,6 +50,18 @@ class ReplayResult:
         return self.block_operations / self.seconds if self.seconds > 0 else float("inf")
 
 
+def replay_request(manager: CPUOffloadingManager, chain: Sequence[int]) -> tuple[int, int]:
+    """One request under the trace's replay semantics: look it up, touch it, store its missing
+    tail. Returns (blocks hit, blocks stored)."""
+    hits = manager.lookup(chain)
+    manager.touch(chain)
+    output = manager.prepare_store(chain[hits:])
+    if output is None:
+        return hits, 0
+    manager.complete_store(output.block_hashes_to_store)
+    return hits, len(output.block_hashes_to_store)
+
+
 def replay(
     chains: Sequence[Sequence[int]],
     policy: str = "lru",
@@ -69,13 +81,8 @@ def replay(
     block_operations = 0
     started = time.perf_counter()
     for chain in tqdm(chains, disable=not progress, unit="req", leave=False):
-        hits = manager.lookup(chain)
-        manager.touch(chain)
-        output = manager.prepare_store(chain[hits:])
-        if output is not None:
-            manager.complete_store(output.block_hashes_to_store)
-            block_operations += len(output.block_hashes_to_store)
-        block_operations += 2 * len(chain) + len(chain) - hits
+        hits, stored = replay_request(manager, chain)
+        block_operations += 2 * len(chain) + len(chain) - hits + stored
     seconds = time.perf_counter() - started
     stats = manager.stats()
     references = stats.hit_blocks + stats.missed_blocks
