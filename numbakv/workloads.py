@@ -1,6 +1,6 @@
 """Synthetic traffic in the trace format, seeded and deterministic.
 
-python -m numbakv.workloads --kind mixed|documents|chat [--seed N] --out FILE.jsonl
+python -m numbakv.workloads --kind mixed|documents|chat|loop [--seed N] --out FILE.jsonl
 """
 
 from __future__ import annotations
@@ -135,7 +135,35 @@ def document_traffic(seed: int = 0) -> list[TraceRequest]:
     )
 
 
-WORKLOADS = {"chat": multi_turn_chat, "mixed": mixed_traffic, "documents": document_traffic}
+def document_loop(
+    requests: int = 12_000, documents: int = 1_000, random_share: float = 0.2, seed: int = 0
+) -> list[TraceRequest]:
+    """A batch job sweeping a fixed document set in order, again and again, with some reads at
+    random in between (an evaluation harness, an agent re-reading a corpus): a loop of about
+    25,000 blocks, where the block used longest ago is the next one needed."""
+    rng = np.random.default_rng(seed)
+    ids = count()
+    document_chains = [
+        [next(ids) for _ in range(int(rng.integers(10, 41)))] for _ in range(documents)
+    ]
+    trace = []
+    arrival = 0.0
+    for position in range(requests):
+        arrival += rng.exponential(300.0)
+        at_random = rng.random() < random_share
+        document = int(rng.integers(documents)) if at_random else position % documents
+        chain = document_chains[document] + [next(ids)]  # the document, then a fresh question
+        output_tokens = int(rng.integers(20, 800))
+        trace.append(TraceRequest(int(arrival), len(chain) * BLOCK_TOKENS, output_tokens, chain))
+    return trace
+
+
+WORKLOADS = {
+    "chat": multi_turn_chat,
+    "mixed": mixed_traffic,
+    "documents": document_traffic,
+    "loop": document_loop,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from numbakv.policies.miniatures import (
     MiniatureTuner,
     sampling_for,
 )
-from numbakv.policies.sighting_arc import BOUNDS
+from numbakv.policies.sighting_arc import LRU, SETTINGS, Setting
 from tests.replaying import replay_into
 
 
@@ -76,8 +76,9 @@ def test_sampling_keeps_miniatures_big_enough() -> None:
 
 
 def tuner_for(capacity: int) -> MiniatureTuner:
+    settings = (Setting(1.0, True), Setting(0.0, True))
     return MiniatureTuner(
-        [SightingARCPolicy(capacity, [0] * capacity, bound) for bound in (1.0, 0.0)], sampling=1
+        [SightingARCPolicy(capacity, [0] * capacity, setting) for setting in settings], sampling=1
     )
 
 
@@ -93,9 +94,31 @@ def test_the_tuner_follows_the_candidate_that_hits_most() -> None:
     assert lru_like > admitting and chatty.leader == 0
 
 
-def test_the_first_candidate_leads_a_tie_and_scores_are_halved_past_forget() -> None:
-    tuner = tuner_for(4)
-    assert tuner.observe([1, 2]) == 0  # no hits anywhere yet
+def tuner_with_scores(*scores: float, default: int, undecided: int) -> MiniatureTuner:
+    tuner = MiniatureTuner(
+        [LRUPolicy(4, [0] * 4) for _ in scores], sampling=1, default=default, undecided=undecided
+    )
+    for miniature, score in zip(tuner.miniatures, scores):
+        miniature.hits = score
+    return tuner
+
+
+@pytest.mark.parametrize(
+    ("scores", "leader"),
+    [
+        ((5, 5, 5, 5), 2),  # nothing told apart yet: undecided
+        ((5, 7, 7, 3), 1),  # the first of the best
+        ((5, 7, 7, 7), 3),  # the default ties for the best
+        ((9, 7, 7, 7), 0),
+    ],
+)
+def test_tuner_tie_rules(scores: tuple[float, ...], leader: int) -> None:
+    tuner = tuner_with_scores(*scores, default=3, undecided=2)
+    assert tuner.leader == 2
+    assert tuner.observe([100]) == leader  # a miss everywhere: scores unchanged
+
+
+def test_scores_are_halved_past_forget() -> None:
     hot = list(range(100))
     tuner = MiniatureTuner([LRUPolicy(100, [0] * 100)], sampling=1)
     for _ in range(FORGET // 100 + 2):
@@ -104,14 +127,31 @@ def test_the_first_candidate_leads_a_tie_and_scores_are_halved_past_forget() -> 
 
 
 def test_sarc_takes_its_bound_from_the_tuner() -> None:
-    for chains, expected in ((one_off_flood(), min(BOUNDS)), (chat(), max(BOUNDS))):
+    for chains, expected in ((one_off_flood(), SETTINGS[0]), (chat(), SETTINGS[LRU])):
         manager = CPUOffloadingManager(1, 16, "sarc")
         replay_into(manager, chains)
-        assert manager._policy.p == expected * 16
+        assert manager._policy.p == expected.bound * 16
+        assert manager._policy.returns_to_t2 == expected.returns_to_t2
 
 
 def test_a_fixed_bound_runs_no_miniatures() -> None:
-    policy = SightingARCPolicy(100, [0] * 100, bound=0.25)
+    policy = SightingARCPolicy(100, [0] * 100, Setting(0.25, True))
     policy.touch([1, 2, 3])
     assert policy.p == 25
     assert policy.chain_ends is None
+
+
+def test_sarc_keeps_part_of_a_loop_larger_than_the_cache() -> None:
+    """Documents read round-robin (and every fifth read at random), twice as many blocks as the
+    cache: LRU evicts each one just before the loop comes back to it; keeping what was hit while
+    cached holds part of the loop."""
+    rng = random.Random(0)
+    documents = [list(range(start, start + 4)) for start in range(0, 80, 4)]
+    loop = [documents[i % 20] if i % 5 else rng.choice(documents) for i in range(600)]
+    hits = {}
+    for policy in ("lru", "arc", "sarc"):
+        manager = CPUOffloadingManager(1, 40, policy)
+        replay_into(manager, loop)
+        hits[policy] = manager.stats().hit_blocks
+    assert hits["sarc"] > 1.5 * max(hits["lru"], hits["arc"])
+    assert manager._policy.returns_to_t2 is False

@@ -53,12 +53,21 @@ class Miniature:
 
 class MiniatureTuner:
     """Replays a 1-in-`sampling` sample of the hashes through one miniature per candidate and
-    names the candidate whose miniature has hit most lately (the first one on a tie)."""
+    names the candidate whose miniature has hit most lately.
 
-    def __init__(self, candidates: Sequence[CachePolicy], sampling: int) -> None:
+    Ties are common (a sample tells close settings apart slowly), so they have rules: while every
+    miniature has hit the same, `undecided` leads; `default` leads whenever it is among the best;
+    otherwise the first of the best.
+    """
+
+    def __init__(
+        self, candidates: Sequence[CachePolicy], sampling: int, default: int = 0, undecided: int = 0
+    ) -> None:
         self.miniatures = [Miniature(policy) for policy in candidates]
         self.sampling = sampling
-        self.leader = 0
+        self.default = default
+        self.undecided = undecided
+        self.leader = undecided
 
     def observe(self, chain: Sequence[BlockHash]) -> int:
         """Feed one request's chain; returns the index of the leading candidate."""
@@ -71,7 +80,12 @@ class MiniatureTuner:
             miniature.request(sampled)
         scores = [miniature.hits for miniature in miniatures]
         best = max(scores)
-        self.leader = scores.index(best)
+        if min(scores) == best:
+            self.leader = self.undecided
+        elif scores[self.default] == best:
+            self.leader = self.default
+        else:
+            self.leader = scores.index(best)
         if best > FORGET:
             for miniature in miniatures:
                 miniature.hits /= 2

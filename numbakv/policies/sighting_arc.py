@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from itertools import count
+from typing import NamedTuple
 
 from numbakv.policies.arc import ARCPolicy
 from numbakv.policies.base import idle_entries, retire_to_ghosts
@@ -14,8 +15,26 @@ from numbakv.policies.miniatures import MiniatureTuner, sampling_for
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
-BOUNDS = (0.0, 0.125, 0.25, 0.5, 1.0)  # candidate bounds on once-seen blocks, x capacity
 WATCHED = 4  # chain ends and siblings remembered: capacity / WATCHED hashes (results flat to 16)
+
+
+class Setting(NamedTuple):
+    """What the miniatures choose among."""
+
+    bound: float  # on blocks seen once, x capacity
+    returns_to_t2: bool  # a block whose hash is a ghost is stored into T2 (else into T1)
+
+
+SETTINGS = (
+    Setting(0.0, True),  # admit on the second sighting
+    Setting(0.125, True),
+    Setting(0.25, True),
+    Setting(0.5, True),
+    Setting(1.0, True),  # LRU
+    Setting(0.0, False),  # keep what was hit while cached: survives loops larger than the cache
+)
+LRU = 4  # leads whenever it ties for the most hits
+UNDECIDED = 3  # leads while every miniature has hit the same: the middle bound
 
 
 class SightingARCPolicy(ARCPolicy):
@@ -31,47 +50,53 @@ class SightingARCPolicy(ARCPolicy):
       when the gap is longer than the cache;
     - while T1 is within p, victims are the least recent blocks of either list (LRU); beyond p,
       once-seen blocks go first;
-    - p is not moved by ghost hits but chosen among `BOUNDS`: miniature copies of this policy, one
-      per bound, replay a sample of the traffic, and p follows the one that hits most (the smallest
-      bound on a tie: until something comes back, a block seen twice is the better bet);
+    - p is not moved by ghost hits but chosen among `SETTINGS`: miniature copies of this policy,
+      one per setting, replay a sample of the traffic, and p follows the one that hits most (LRU
+      when it ties for the most; half the capacity while all tie);
+    - one setting stores returning ghosts into T1 instead, so that T2 holds only blocks hit while
+      cached: on a loop larger than the cache that part stays put and hits, where LRU hits nothing;
     - blocks stored since the last touch are ranked like a touched chain, the first the most recent:
       a hit on any of them needs the ones before it;
     - a chain's last block is ranked below every other block while it comes back far less often
       than the block before it (`ChainEndWatch`).
 
-    `bound` fixes p at bound x capacity and turns the last two rules off: that is what the
+    `setting` fixes p and where ghosts return, and turns the last two rules off: that is what the
     miniatures run.
     """
 
     def __init__(
-        self, capacity: int, ref_counts: Sequence[int], bound: float | None = None
+        self, capacity: int, ref_counts: Sequence[int], setting: Setting | None = None
     ) -> None:
         super().__init__(capacity, ref_counts)
-        self.bound = bound
+        self.setting = setting
         self.last_used: dict[BlockHash, int] = {}  # a clock tick per resident block
         self._just_stored: dict[BlockHash, None] = {}  # in store order
         self._start()
 
     def _start(self) -> None:
-        """Fresh clock, bound, and (when self-tuned) miniatures and chain-end watch."""
+        """Fresh clock, setting, and (when self-tuned) miniatures and chain-end watch."""
         self._clock = count()
-        if self.bound is not None:
-            self.p = self.bound * self.capacity
+        if self.setting is not None:
+            self._follow(self.setting)
             self._tuner = self.chain_ends = None
             return
-        self.p = float(self.capacity)
+        self._follow(SETTINGS[UNDECIDED])
         sampling = sampling_for(self.capacity)
         size = max(1, self.capacity // sampling)
-        candidates = [SightingARCPolicy(size, [0] * size, bound) for bound in BOUNDS]
-        self._tuner = MiniatureTuner(candidates, sampling)
+        candidates = [SightingARCPolicy(size, [0] * size, setting) for setting in SETTINGS]
+        self._tuner = MiniatureTuner(candidates, sampling, default=LRU, undecided=UNDECIDED)
         self.chain_ends = ChainEndWatch(max(1, self.capacity // WATCHED))
+
+    def _follow(self, setting: Setting) -> None:
+        self.p = setting.bound * self.capacity
+        self.returns_to_t2 = setting.returns_to_t2
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
         for block_hash, block_id in zip(block_hashes, block_ids):
             seen_before = block_hash in self.b1 or block_hash in self.b2
             self.b1.pop(block_hash, None)
             self.b2.pop(block_hash, None)
-            (self.t2 if seen_before else self.t1)[block_hash] = block_id
+            (self.t2 if seen_before and self.returns_to_t2 else self.t1)[block_hash] = block_id
             self._just_stored[block_hash] = None
 
     def _rank_just_stored(self) -> None:
@@ -103,7 +128,7 @@ class SightingARCPolicy(ARCPolicy):
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         self._rank_just_stored()
         if self._tuner is not None:
-            self.p = BOUNDS[self._tuner.observe(block_hashes)] * self.capacity
+            self._follow(SETTINGS[self._tuner.observe(block_hashes)])
             self.chain_ends.seen(block_hashes)
         super().touch(block_hashes)  # ARC's promotion; its ghost hits leave p alone (below)
         t1, t2, last_used = self.t1, self.t2, self.last_used
@@ -113,7 +138,7 @@ class SightingARCPolicy(ARCPolicy):
                 last_used[block_hash] = now
 
     def _adapt_to_ghost(self, in_b1: bool) -> None:
-        """p comes from `BOUNDS` (or the miniatures), not from ghost hits."""
+        """p comes from the setting (or the miniatures), not from ghost hits."""
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # One victim at a time, as if the earlier ones were gone: T1's least recent while T1 is
