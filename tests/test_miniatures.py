@@ -134,7 +134,7 @@ def test_sarc_takes_its_bound_from_the_tuner() -> None:
         assert manager._policy.returns_to_t2 == expected.returns_to_t2
 
 
-def test_a_fixed_bound_runs_no_miniatures() -> None:
+def test_a_fixed_setting_runs_no_miniatures() -> None:
     policy = SightingARCPolicy(100, [0] * 100, Setting(0.25, True))
     policy.touch([1, 2, 3])
     assert policy.p == 25

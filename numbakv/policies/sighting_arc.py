@@ -33,8 +33,8 @@ SETTINGS = (
     Setting(1.0, True),  # LRU
     Setting(0.0, False),  # keep what was hit while cached: survives loops larger than the cache
 )
-LRU = 4  # leads whenever it ties for the most hits
-UNDECIDED = 3  # leads while every miniature has hit the same: the middle bound
+LRU = SETTINGS.index(Setting(1.0, True))  # leads whenever it ties for the most hits
+UNDECIDED = SETTINGS.index(Setting(0.5, True))  # leads while all miniatures tie: the middle bound
 
 
 class SightingARCPolicy(ARCPolicy):
