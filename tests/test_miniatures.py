@@ -107,15 +107,31 @@ def tuner_with_scores(*scores: float, default: int, undecided: int) -> Miniature
     ("scores", "leader"),
     [
         ((5, 5, 5, 5), 2),  # nothing told apart yet: undecided
-        ((5, 7, 7, 3), 1),  # the first of the best
-        ((5, 7, 7, 7), 3),  # the default ties for the best
-        ((9, 7, 7, 7), 0),
+        ((5, 7, 7, 3), 2),  # the leader is among the best: it stays
+        ((5, 7, 7, 7), 2),  # even against the default
+        ((9, 7, 7, 7), 0),  # the best
+        ((5, 7, 3, 5), 1),
+        ((5, 7, 3, 7), 3),  # the default first among equals
     ],
 )
 def test_tuner_tie_rules(scores: tuple[float, ...], leader: int) -> None:
     tuner = tuner_with_scores(*scores, default=3, undecided=2)
     assert tuner.leader == 2
     assert tuner.observe([100]) == leader  # a miss everywhere: scores unchanged
+
+
+@pytest.mark.parametrize(("spread", "leader"), [(9.0, 2), (3.0, 0)])
+def test_a_lead_within_noise_keeps_the_leader(spread: float, leader: int) -> None:
+    tuner = tuner_with_scores(9, 7, 7, 7, default=3, undecided=2)
+    tuner.spread[0][2] = tuner.spread[2][0] = spread  # a lead of 2 hits; 1 sd is 3 or 1.7 hits
+    assert tuner.observe([100]) == leader
+
+
+def test_spread_sums_squared_differences_per_request() -> None:
+    tuner = MiniatureTuner([LRUPolicy(4, [0] * 4), LRUPolicy(1, [0])], sampling=1)
+    for chain in ([1, 2], [1, 2], [1, 2]):  # hits: 0 and 0, then 2 and 0, then 2 and 0
+        tuner.observe(chain)
+    assert tuner.spread == [[0, 8], [8, 0]]
 
 
 def test_scores_are_halved_past_forget() -> None:

@@ -13,6 +13,9 @@ SAMPLING = 16  # one hash in SAMPLING is simulated ...
 SMALLEST = 256  # ... unless that leaves a miniature below SMALLEST blocks
 # Scores are halved whenever the leader's passes FORGET hits, so recent traffic counts more.
 FORGET = 4000
+# The leader gives way only to a challenger ahead of it by more than CONFIDENCE standard deviations
+# of their per-request hit differences: close settings otherwise swap the lead on noise.
+CONFIDENCE = 1.0
 
 
 def sampling_for(capacity: int) -> int:
@@ -53,11 +56,12 @@ class Miniature:
 
 class MiniatureTuner:
     """Replays a 1-in-`sampling` sample of the hashes through one miniature per candidate and
-    names the candidate whose miniature has hit most lately.
+    names the candidate whose miniature has hit clearly most lately.
 
-    Ties are common (a sample tells close settings apart slowly), so they have rules: while every
-    miniature has hit the same, `undecided` leads; `default` leads whenever it is among the best;
-    otherwise the first of the best.
+    `undecided` leads until the miniatures' scores differ. Then the challenger is the best
+    (`default` first among equals, else the first of them), and it takes the lead only when its
+    lead is beyond noise (`CONFIDENCE`): a sample tells close settings apart slowly, and following
+    each swap of two near-equal miniatures loses hits at full size.
     """
 
     def __init__(
@@ -68,6 +72,8 @@ class MiniatureTuner:
         self.default = default
         self.undecided = undecided
         self.leader = undecided
+        # spread[i][j]: decayed sum over requests of (hits of i - hits of j) squared
+        self.spread = [[0.0] * len(candidates) for _ in candidates]
 
     def observe(self, chain: Sequence[BlockHash]) -> int:
         """Feed one request's chain; returns the index of the leading candidate."""
@@ -76,17 +82,33 @@ class MiniatureTuner:
         if not sampled:
             return self.leader
         miniatures = self.miniatures
+        before = [miniature.hits for miniature in miniatures]
         for miniature in miniatures:
             miniature.request(sampled)
         scores = [miniature.hits for miniature in miniatures]
+        self._add_spread([score - earlier for score, earlier in zip(scores, before)])
         best = max(scores)
         if min(scores) == best:
             self.leader = self.undecided
-        elif scores[self.default] == best:
-            self.leader = self.default
         else:
-            self.leader = scores.index(best)
+            challenger = self.default if scores[self.default] == best else scores.index(best)
+            lead = scores[challenger] - scores[self.leader]
+            if (
+                lead > 0
+                and lead * lead > CONFIDENCE * CONFIDENCE * self.spread[challenger][self.leader]
+            ):
+                self.leader = challenger
         if best > FORGET:
             for miniature in miniatures:
                 miniature.hits /= 2
+            # A halved hit count has a quarter of the variance.
+            self.spread = [[spread / 4 for spread in row] for row in self.spread]
         return self.leader
+
+    def _add_spread(self, hits: list[float]) -> None:
+        """Account one request's hit differences between every two miniatures."""
+        if min(hits) == max(hits):
+            return
+        for i, row in enumerate(self.spread):
+            for j, other in enumerate(hits):
+                row[j] += (hits[i] - other) ** 2

@@ -33,7 +33,7 @@ SETTINGS = (
     Setting(1.0, True),  # LRU
     Setting(0.0, False),  # keep what was hit while cached: survives loops larger than the cache
 )
-LRU = SETTINGS.index(Setting(1.0, True))  # leads whenever it ties for the most hits
+LRU = SETTINGS.index(Setting(1.0, True))  # the challenger whenever it ties for the most hits
 UNDECIDED = SETTINGS.index(Setting(0.5, True))  # leads while all miniatures tie: the middle bound
 
 
@@ -51,8 +51,8 @@ class SightingARCPolicy(ARCPolicy):
     - while T1 is within p, victims are the least recent blocks of either list (LRU); beyond p,
       once-seen blocks go first;
     - p is not moved by ghost hits but chosen among `SETTINGS`: miniature copies of this policy,
-      one per setting, replay a sample of the traffic, and p follows the one that hits most (LRU
-      when it ties for the most; half the capacity while all tie);
+      one per setting, replay a sample of the traffic, and p follows the one that hits most once
+      its lead is beyond noise (half the capacity until they differ);
     - one setting stores returning ghosts into T1 instead, so that T2 holds only blocks hit while
       cached: on a loop larger than the cache that part stays put and hits, where LRU hits nothing;
     - blocks stored since the last touch are ranked like a touched chain, the first the most recent:
