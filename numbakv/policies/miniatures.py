@@ -11,7 +11,7 @@ from numbakv.specs import BlockHash
 
 SAMPLING = 16  # one hash in SAMPLING is simulated ...
 SMALLEST = 256  # ... unless that leaves a miniature below SMALLEST blocks
-# Scores are halved whenever the leader's passes FORGET hits, so recent traffic counts more.
+# Scores are halved whenever the best passes FORGET hits, so recent traffic counts more.
 FORGET = 4000
 # The leader gives way only to a challenger ahead of it by more than CONFIDENCE standard deviations
 # of their per-request hit differences: close settings otherwise swap the lead on noise.
@@ -33,7 +33,8 @@ class Miniature:
         self.hits = 0.0
         self._free_ids = list(range(policy.capacity))
 
-    def request(self, chain: Sequence[BlockHash]) -> None:
+    def request(self, chain: Sequence[BlockHash]) -> int:
+        """Replay one request; returns its hits."""
         policy = self.policy
         hits = 0
         for block_hash in chain:
@@ -46,12 +47,13 @@ class Miniature:
         missing = [block_hash for block_hash in tail if policy.get(block_hash) is None]
         # Like the manager: all or nothing, and never evict a block the request names.
         if not missing or len(missing) > policy.capacity - (len(tail) - len(missing)):
-            return
+            return hits
         shortfall = len(missing) - len(self._free_ids)
         if shortfall > 0:
             victims = policy.evict(shortfall, tail.keys())
             self._free_ids += (block_id for _, block_id in victims)
         policy.insert(missing, [self._free_ids.pop() for _ in missing])
+        return hits
 
 
 class MiniatureTuner:
@@ -82,11 +84,8 @@ class MiniatureTuner:
         if not sampled:
             return self.leader
         miniatures = self.miniatures
-        before = [miniature.hits for miniature in miniatures]
-        for miniature in miniatures:
-            miniature.request(sampled)
+        self._add_spread([miniature.request(sampled) for miniature in miniatures])
         scores = [miniature.hits for miniature in miniatures]
-        self._add_spread([score - earlier for score, earlier in zip(scores, before)])
         best = max(scores)
         if min(scores) == best:
             self.leader = self.undecided
@@ -105,7 +104,7 @@ class MiniatureTuner:
             self.spread = [[spread / 4 for spread in row] for row in self.spread]
         return self.leader
 
-    def _add_spread(self, hits: list[float]) -> None:
+    def _add_spread(self, hits: list[int]) -> None:
         """Account one request's hit differences between every two miniatures."""
         if min(hits) == max(hits):
             return
