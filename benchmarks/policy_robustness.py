@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numbakv.replay import replay
+from numbakv.replay import replay_grid
 from numbakv.workloads import mixed_traffic, multi_turn_chat
 
 CAPACITIES = (1000, 2000, 5000, 10_000, 20_000, 30_000, 40_000)
@@ -68,11 +68,13 @@ def margins(job: tuple[str, dict, tuple[int, ...]]) -> dict:
     kind, params, capacities = job
     generate = multi_turn_chat if kind == "chat" else mixed_traffic
     chains = [request.hash_ids for request in generate(**params)]
-    row = {"kind": kind, "params": params, "references": sum(map(len, chains)), "margins": {}}
-    for capacity in capacities:
-        best = max(replay(chains, policy, capacity).hits for policy in RIVALS)
-        row["margins"][str(capacity)] = replay(chains, "sarc", capacity).hits - best
-    return row
+    results = replay_grid(chains, (*RIVALS, "sarc"), capacities)
+    hits = {(result.policy, result.capacity): result.hits for result in results}
+    margins = {
+        str(capacity): hits["sarc", capacity] - max(hits[rival, capacity] for rival in RIVALS)
+        for capacity in capacities
+    }
+    return {"kind": kind, "params": params, "references": sum(map(len, chains)), "margins": margins}
 
 
 def run(
