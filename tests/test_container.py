@@ -77,7 +77,8 @@ def fill_context(context: str) -> None:
     pip = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", wheelhouse]
     subprocess.run([*pip, "--no-deps", "--requirement", os.path.join(ROOT, "service", "requirements.txt")],
                    check=True, capture_output=True, timeout=300)
-    subprocess.run([*pip, "setuptools>=68"], check=True, capture_output=True, timeout=300)
+    # pyproject.toml's build-system requirement: pip builds numbakv inside the image.
+    subprocess.run([*pip, "setuptools>=77"], check=True, capture_output=True, timeout=300)
 
 
 def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
