@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from numbakv.replay import replay_grid
-from numbakv.workloads import mixed_traffic, multi_turn_chat
+from numbakv.workloads import WORKLOADS
 
 CAPACITIES = (1000, 2000, 5000, 10_000, 20_000, 30_000, 40_000)
 RIVALS = ("lru", "arc")
@@ -66,8 +65,7 @@ def draw(
 def margins(job: tuple[str, dict, tuple[int, ...]]) -> dict:
     """Replay one workload; sarc's hits minus the better rival's, per capacity."""
     kind, params, capacities = job
-    generate = multi_turn_chat if kind == "chat" else mixed_traffic
-    chains = [request.hash_ids for request in generate(**params)]
+    chains = [request.hash_ids for request in WORKLOADS[kind](**params)]
     results = replay_grid(chains, (*RIVALS, "sarc"), capacities)
     hits = {(result.policy, result.capacity): result.hits for result in results}
     margins = {
@@ -86,7 +84,7 @@ def run(
     requests: int = MIXED_REQUESTS,
 ) -> dict:
     jobs = [(*draw(seed, index, sessions, requests), capacities) for index in range(workloads)]
-    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+    with ProcessPoolExecutor() as pool:  # one process per core
         rows = list(pool.map(margins, jobs))
     print(f"sarc's hits minus the better of {' and '.join(RIVALS)}, seed {seed}")
     print(f"{'#':>3} {'kind':6} {'references':>10} " + " ".join(f"{c:>8,}" for c in capacities))
@@ -94,13 +92,13 @@ def run(
         cells = " ".join(f"{row['margins'][str(c)]:>+8,}" for c in capacities)
         print(f"{index:>3} {row['kind']:6} {row['references']:>10,} {cells}  {row['params']}")
     losses = [
-        (margin / row["references"], margin, index, capacity)
+        (margin / row["references"], index)
         for index, row in enumerate(rows)
-        for capacity, margin in row["margins"].items()
+        for margin in row["margins"].values()
         if margin < 0
     ]
     summary = {
-        "workloads_with_a_loss": len({index for _, _, index, _ in losses}),
+        "workloads_with_a_loss": len({index for _, index in losses}),
         "losing_cells": len(losses),
         "cells": len(rows) * len(capacities),
         "worst_loss_points": round(100 * min(losses)[0], 3) if losses else 0.0,
