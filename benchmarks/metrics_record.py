@@ -16,8 +16,8 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from numbakv.manager import ManagerStats  # noqa: E402
-from numbakv.metrics import OffloadMetrics  # noqa: E402
+from numbakv.manager import ManagerStats
+from numbakv.metrics import OffloadMetrics
 
 NO_ACTIVITY = ManagerStats(**dict.fromkeys(ManagerStats.__dataclass_fields__, 0))
 
@@ -35,9 +35,16 @@ class Manager:
         s = self._stats
         if not self._moving:
             return s
-        self._stats = replace(s, lookups=s.lookups + 1, hit_blocks=s.hit_blocks + 3, missed_blocks=s.missed_blocks + 1,
-                              evicted_blocks=s.evicted_blocks + 1, stored_blocks=s.stored_blocks + 2,
-                              loaded_blocks=s.loaded_blocks + 2, used=s.used + 1)
+        self._stats = replace(
+            s,
+            lookups=s.lookups + 1,
+            hit_blocks=s.hit_blocks + 3,
+            missed_blocks=s.missed_blocks + 1,
+            evicted_blocks=s.evicted_blocks + 1,
+            stored_blocks=s.stored_blocks + 2,
+            loaded_blocks=s.loaded_blocks + 2,
+            used=s.used + 1,
+        )
         return s
 
     def policy_stats(self) -> dict[str, float]:
@@ -51,12 +58,19 @@ def best_ns(fn, number: int) -> float:
 def main() -> None:
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         metrics = OffloadMetrics(registry=None, enabled=True)
-        print(f"on_job_done: {best_ns(lambda: metrics.on_job_done(1, 'store', 1 << 20, 0.002, True), 100000):.0f} ns")
+        print(
+            f"on_job_done: {best_ns(lambda: metrics.on_job_done(1, 'store', 1 << 20, 0.002, True), 100000):.0f} ns"
+        )
         off = OffloadMetrics(registry=None, enabled=False)
-        print(f"on_job_done, metrics off: {best_ns(lambda: off.on_job_done(1, 'store', 1 << 20, 0.002, True), 100000):.0f} ns")
+        print(
+            f"on_job_done, metrics off: {best_ns(lambda: off.on_job_done(1, 'store', 1 << 20, 0.002, True), 100000):.0f} ns"
+        )
         with tempfile.TemporaryDirectory() as directory:
-            subprocess.run([sys.executable, __file__], env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": directory},
-                           check=True)
+            subprocess.run(
+                [sys.executable, __file__],
+                env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": directory},
+                check=True,
+            )
         return
     busy = OffloadMetrics(Manager(moving=True), instance="busy")
 
@@ -66,7 +80,9 @@ def main() -> None:
         busy.sync()
 
     idle = OffloadMetrics(Manager(moving=False), instance="idle")
-    print(f"sync() after a step (every counter, a gauge, both directions changed): {best_ns(step, 2000) / 1000:.1f} us")
+    print(
+        f"sync() after a step (every counter, a gauge, both directions changed): {best_ns(step, 2000) / 1000:.1f} us"
+    )
     print(f"sync() with nothing changed: {best_ns(idle.sync, 2000) / 1000:.1f} us")
 
 

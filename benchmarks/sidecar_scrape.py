@@ -101,7 +101,8 @@ async def load(url: str, rate: float, duration_s: float) -> tuple[list[float], i
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process (Linux /proc)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -110,32 +111,52 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=200.0, help="scrapes per second (default %(default)s)")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load (default %(default)s)")
-    parser.add_argument("--instances", type=int, default=8, help="engine processes to simulate (default %(default)s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="scrapes per second (default %(default)s)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="seconds of load (default %(default)s)"
+    )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=8,
+        help="engine processes to simulate (default %(default)s)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         fill(directory, args.instances)
         port = free_port()
-        sidecar = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--metrics-dir", directory],
-                                   cwd=ROOT)
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "service", "--port", str(port), "--metrics-dir", directory],
+            cwd=ROOT,
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             wait_ready(f"{base}/healthz")
             size = len(httpx.get(f"{base}/metrics").content)
             load_before, cpu_before = os.getloadavg()[0], cpu_seconds(sidecar.pid)
-            latencies, errors, elapsed = asyncio.run(load(f"{base}/metrics", args.rate, args.duration))
-            load_after, cpu_per_scrape = os.getloadavg()[0], (cpu_seconds(sidecar.pid) - cpu_before) / len(latencies)
+            latencies, errors, elapsed = asyncio.run(
+                load(f"{base}/metrics", args.rate, args.duration)
+            )
+            load_after, cpu_per_scrape = (
+                os.getloadavg()[0],
+                (cpu_seconds(sidecar.pid) - cpu_before) / len(latencies),
+            )
         finally:
             sidecar.terminate()
             sidecar.wait()
     ms = [x * 1000 for x in latencies]
-    print(f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in {elapsed:.1f} s "
-          f"= {len(ms) / elapsed:.0f}/s, {errors} errors; latency ms: p50 {percentile(ms, 0.5):.1f} "
-          f"p90 {percentile(ms, 0.9):.1f} p99 {percentile(ms, 0.99):.1f} max {max(ms):.1f}; "
-          f"sidecar CPU {cpu_per_scrape * 1000:.2f} ms per scrape; "
-          f"1-min load average {load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} CPUs")
+    print(
+        f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in {elapsed:.1f} s "
+        f"= {len(ms) / elapsed:.0f}/s, {errors} errors; latency ms: p50 {percentile(ms, 0.5):.1f} "
+        f"p90 {percentile(ms, 0.9):.1f} p99 {percentile(ms, 0.99):.1f} max {max(ms):.1f}; "
+        f"sidecar CPU {cpu_per_scrape * 1000:.2f} ms per scrape; "
+        f"1-min load average {load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,12 @@ def _query(expr: str, legend: str) -> prometheus.Dataquery:
     return prometheus.Dataquery().expr(expr).legend_format(legend).datasource(DATASOURCE)
 
 
-def _panel(title: str, unit: str, description: str, *queries: prometheus.Dataquery) -> timeseries.Panel:
-    panel = timeseries.Panel().title(title).unit(unit).description(description).datasource(DATASOURCE)
+def _panel(
+    title: str, unit: str, description: str, *queries: prometheus.Dataquery
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel().title(title).unit(unit).description(description).datasource(DATASOURCE)
+    )
     panel.height(8).span(12).fill_opacity(10)
     for ref_id, query in zip("ABCDEFGH", queries):
         panel.with_target(query.ref_id(ref_id))
@@ -45,30 +49,69 @@ def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
     """Rows of panels: cache effectiveness, transfer throughput and latency, host-pool state."""
     hits, misses = _rate("numbakv_hit_blocks_total"), _rate("numbakv_missed_blocks_total")
     cache = [
-        _panel("Hit ratio", "percentunit", "Hit blocks / looked-up blocks.",
-               _query(f"{hits} / ({hits} + {misses})", "{{instance}}")),
-        _panel("Lookups/s", "ops", "Lookup calls per second.",
-               _query(_rate("numbakv_lookups_total"), "{{instance}}")),
-        _panel("Evictions/s", "short", "Blocks evicted from host memory per second.",
-               _query(_rate("numbakv_evicted_blocks_total"), "{{instance}}")),
-        _panel("Stored and loaded blocks/s", "short", "Completed (and failed) stores to host, loads back to GPU.",
-               _query(_rate("numbakv_stored_blocks_total"), "stored {{instance}}"),
-               _query(_rate("numbakv_loaded_blocks_total"), "loaded {{instance}}"),
-               _query(_rate("numbakv_failed_store_blocks_total"), "failed {{instance}}")),
+        _panel(
+            "Hit ratio",
+            "percentunit",
+            "Hit blocks / looked-up blocks.",
+            _query(f"{hits} / ({hits} + {misses})", "{{instance}}"),
+        ),
+        _panel(
+            "Lookups/s",
+            "ops",
+            "Lookup calls per second.",
+            _query(_rate("numbakv_lookups_total"), "{{instance}}"),
+        ),
+        _panel(
+            "Evictions/s",
+            "short",
+            "Blocks evicted from host memory per second.",
+            _query(_rate("numbakv_evicted_blocks_total"), "{{instance}}"),
+        ),
+        _panel(
+            "Stored and loaded blocks/s",
+            "short",
+            "Completed (and failed) stores to host, loads back to GPU.",
+            _query(_rate("numbakv_stored_blocks_total"), "stored {{instance}}"),
+            _query(_rate("numbakv_loaded_blocks_total"), "loaded {{instance}}"),
+            _query(_rate("numbakv_failed_store_blocks_total"), "failed {{instance}}"),
+        ),
     ]
     transfers = [
-        _panel("Throughput per direction", "Bps", "Bytes moved by successful jobs per second (GB/s).",
-               _query(_rate("numbakv_transfer_bytes_total", by="direction"), "{{direction}}")),
-        _panel("Transfer latency p50 / p99", "s", "Job duration quantiles per direction.",
-               _quantile(0.5), _quantile(0.99)),
+        _panel(
+            "Throughput per direction",
+            "Bps",
+            "Bytes moved by successful jobs per second (GB/s).",
+            _query(_rate("numbakv_transfer_bytes_total", by="direction"), "{{direction}}"),
+        ),
+        _panel(
+            "Transfer latency p50 / p99",
+            "s",
+            "Job duration quantiles per direction.",
+            _quantile(0.5),
+            _quantile(0.99),
+        ),
     ]
     pool = [
-        _panel("Occupancy", "percentunit", "Used / capacity of the host pool.",
-               _query(f"sum by (instance) (numbakv_host_used_blocks{{{SEL}}})"
-                      f" / sum by (instance) (numbakv_host_capacity_blocks{{{SEL}}})", "{{instance}}")),
-        _panel("ARC target p and lists", "short", "ARC's target size p of T1, and its list sizes.",
-               _query(f"sum by (instance) (numbakv_arc_p_blocks{{{SEL}}})", "p {{instance}}"),
-               _query(f"sum by (instance, list) (numbakv_arc_list_blocks{{{SEL}}})", "{{list}} {{instance}}")),
+        _panel(
+            "Occupancy",
+            "percentunit",
+            "Used / capacity of the host pool.",
+            _query(
+                f"sum by (instance) (numbakv_host_used_blocks{{{SEL}}})"
+                f" / sum by (instance) (numbakv_host_capacity_blocks{{{SEL}}})",
+                "{{instance}}",
+            ),
+        ),
+        _panel(
+            "ARC target p and lists",
+            "short",
+            "ARC's target size p of T1, and its list sizes.",
+            _query(f"sum by (instance) (numbakv_arc_p_blocks{{{SEL}}})", "p {{instance}}"),
+            _query(
+                f"sum by (instance, list) (numbakv_arc_list_blocks{{{SEL}}})",
+                "{{list}} {{instance}}",
+            ),
+        ),
     ]
     return [("Cache", cache), ("Transfers", transfers), ("Host pool", pool)]
 
@@ -82,11 +125,15 @@ def build() -> model.Dashboard:
         .refresh("10s")
         .time("now-30m", "now")
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
-        .with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(
+            dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
         .with_variable(
             dashboard.QueryVariable("instance")
             .label("Instance")
-            .description("Engine process (the instance label numbakv writes; scrape with honor_labels)")
+            .description(
+                "Engine process (the instance label numbakv writes; scrape with honor_labels)"
+            )
             .datasource(DATASOURCE)
             .query("label_values(numbakv_lookups_total, instance)")
             .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
@@ -111,7 +158,9 @@ def render() -> str:
 
 def expressions(dashboard_json: dict) -> list[str]:
     """Every PromQL expression of a dashboard's panels."""
-    return [t["expr"] for p in dashboard_json["panels"] for t in p.get("targets", []) if "expr" in t]
+    return [
+        t["expr"] for p in dashboard_json["panels"] for t in p.get("targets", []) if "expr" in t
+    ]
 
 
 if __name__ == "__main__":

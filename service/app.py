@@ -28,7 +28,9 @@ class Sidecar:
         self._lock = threading.Lock()
         self._rendered: dict[str, tuple[Snapshot, bytes]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._refresh_loop, name="numbakv-sidecar-refresh", daemon=True)
+        self._thread = threading.Thread(
+            target=self._refresh_loop, name="numbakv-sidecar-refresh", daemon=True
+        )
 
     def start(self) -> None:
         self.window.add(self.read_totals())
@@ -113,7 +115,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/stats")
     async def stats(
         side: SidecarDep,
-        window_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S, description="span of the rates, seconds")] = 60.0,
+        window_s: Annotated[
+            float, Query(gt=0, le=MAX_WINDOW_S, description="span of the rates, seconds")
+        ] = 60.0,
     ) -> Stats:
         """Hit ratio, occupancy, GB/s per direction and evictions/s over the last ``window_s`` seconds."""
         now = side.read_totals()

@@ -6,8 +6,8 @@ import glob
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -29,7 +29,9 @@ class DirectoryState:
         if self.files == 0:
             return "metrics directory is empty (no engine has written metrics yet?)"
         if self.unreadable:
-            return f"skipped {len(self.unreadable)} unreadable file(s): {', '.join(self.unreadable)}"
+            return (
+                f"skipped {len(self.unreadable)} unreadable file(s): {', '.join(self.unreadable)}"
+            )
         return None
 
 
@@ -80,8 +82,9 @@ class MetricsDirectory:
             return [], DirectoryState(self.path, exists=False, files=0)
         files = sorted(glob.glob(os.path.join(self.path, "*.db")))
         try:
-            return list(MultiProcessCollector.merge(files, accumulate=True)), DirectoryState(self.path, True, len(files))
-        except Exception:  # a truncated or half-written file: find it, merge the rest
+            metrics = list(MultiProcessCollector.merge(files, accumulate=True))
+            return metrics, DirectoryState(self.path, True, len(files))
+        except Exception:  # noqa: BLE001 (a truncated or half-written file: find it, merge the rest)
             good = [f for f in files if _readable(f)]
             unreadable = tuple(os.path.basename(f) for f in files if f not in good)
             metrics = list(MultiProcessCollector.merge(good, accumulate=True))
@@ -92,5 +95,5 @@ def _readable(path: str) -> bool:
     try:
         MultiProcessCollector.merge([path], accumulate=True)
         return True
-    except Exception:  # any parse error means this one file is unusable
+    except Exception:  # noqa: BLE001 (any parse error means this one file is unusable)
         return False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from prometheus_client.metrics_core import Metric
 
@@ -39,7 +39,10 @@ _SCALARS = {
     "numbakv_host_used_blocks": "used_blocks",
     "numbakv_host_capacity_blocks": "capacity_blocks",
 }
-_PER_DIRECTION = {"numbakv_transfer_bytes_total": "transfer_bytes", "numbakv_transfer_jobs_total": "transfer_jobs"}
+_PER_DIRECTION = {
+    "numbakv_transfer_bytes_total": "transfer_bytes",
+    "numbakv_transfer_jobs_total": "transfer_jobs",
+}
 
 
 def totals_from(metrics: Iterable[Metric], at: float) -> Totals:
@@ -71,8 +74,15 @@ def summarize(now: Totals, then: Totals | None) -> Stats:
     instances = sorted(now.instances)
     if then is None or now.at <= then.at:
         idle = DirectionStats(gigabytes_per_second=None, jobs_per_second=None)
-        return Stats(window_seconds=0.0, instances=instances, hit_ratio=None, lookups_per_second=None,
-                     evictions_per_second=None, occupancy=occupancy, transfer={d: idle for d in DIRECTIONS})
+        return Stats(
+            window_seconds=0.0,
+            instances=instances,
+            hit_ratio=None,
+            lookups_per_second=None,
+            evictions_per_second=None,
+            occupancy=occupancy,
+            transfer={d: idle for d in DIRECTIONS},
+        )
     span = now.at - then.at
     hits, misses = now.hit_blocks - then.hit_blocks, now.missed_blocks - then.missed_blocks
     transfer = {}
@@ -85,7 +95,9 @@ def summarize(now: Totals, then: Totals | None) -> Stats:
     return Stats(
         window_seconds=span,
         instances=instances,
-        hit_ratio=hits / (hits + misses) if hits >= 0 and misses >= 0 and hits + misses > 0 else None,
+        hit_ratio=hits / (hits + misses)
+        if hits >= 0 and misses >= 0 and hits + misses > 0
+        else None,
         lookups_per_second=_rate(now.lookups, then.lookups, span),
         evictions_per_second=_rate(now.evicted_blocks, then.evicted_blocks, span),
         occupancy=occupancy,

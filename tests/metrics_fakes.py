@@ -29,15 +29,27 @@ class FakeManager:
 
     def lookup(self, hits: int, misses: int) -> None:
         s = self._stats
-        self._stats = replace(s, lookups=s.lookups + 1, hit_blocks=s.hit_blocks + hits,
-                              missed_blocks=s.missed_blocks + misses)
+        self._stats = replace(
+            s,
+            lookups=s.lookups + 1,
+            hit_blocks=s.hit_blocks + hits,
+            missed_blocks=s.missed_blocks + misses,
+        )
 
     def store(self, blocks: int, failed: int = 0, evicted: int = 0) -> None:
         s = self._stats
         used = s.used + blocks - evicted
-        self._stats = replace(s, stored_blocks=s.stored_blocks + blocks, evicted_blocks=s.evicted_blocks + evicted,
-                              failed_store_blocks=s.failed_store_blocks + failed, used=used, free=s.capacity - used)
-        self._arc.update(p=self._arc["p"] + 1, t1=float(used // 2), t2=float(used - used // 2), b1=float(evicted))
+        self._stats = replace(
+            s,
+            stored_blocks=s.stored_blocks + blocks,
+            evicted_blocks=s.evicted_blocks + evicted,
+            failed_store_blocks=s.failed_store_blocks + failed,
+            used=used,
+            free=s.capacity - used,
+        )
+        self._arc.update(
+            p=self._arc["p"] + 1, t1=float(used // 2), t2=float(used - used // 2), b1=float(evicted)
+        )
 
     def load(self, blocks: int) -> None:
         self._stats = replace(self._stats, loaded_blocks=self._stats.loaded_blocks + blocks)
@@ -86,13 +98,34 @@ EXPECTED = {
     ("numbakv_transfer_bytes_total", (("direction", "store"), ("instance", "gpu0"))): 6144,
     ("numbakv_transfer_bytes_total", (("direction", "load"), ("instance", "gpu0"))): 3072,
     ("numbakv_transfer_duration_seconds_count", (("direction", "store"), ("instance", "gpu0"))): 3,
-    ("numbakv_transfer_duration_seconds_sum", (("direction", "store"), ("instance", "gpu0"))): 0.0043,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0001"))): 0,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0005"))): 1,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "0.0025"))): 3,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "store"), ("instance", "gpu0"), ("le", "+Inf"))): 3,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "2.5"))): 0,
-    ("numbakv_transfer_duration_seconds_bucket", (("direction", "load"), ("instance", "gpu0"), ("le", "+Inf"))): 1,
+    (
+        "numbakv_transfer_duration_seconds_sum",
+        (("direction", "store"), ("instance", "gpu0")),
+    ): 0.0043,
+    (
+        "numbakv_transfer_duration_seconds_bucket",
+        (("direction", "store"), ("instance", "gpu0"), ("le", "0.0001")),
+    ): 0,
+    (
+        "numbakv_transfer_duration_seconds_bucket",
+        (("direction", "store"), ("instance", "gpu0"), ("le", "0.0005")),
+    ): 1,
+    (
+        "numbakv_transfer_duration_seconds_bucket",
+        (("direction", "store"), ("instance", "gpu0"), ("le", "0.0025")),
+    ): 3,
+    (
+        "numbakv_transfer_duration_seconds_bucket",
+        (("direction", "store"), ("instance", "gpu0"), ("le", "+Inf")),
+    ): 3,
+    (
+        "numbakv_transfer_duration_seconds_bucket",
+        (("direction", "load"), ("instance", "gpu0"), ("le", "2.5")),
+    ): 0,
+    (
+        "numbakv_transfer_duration_seconds_bucket",
+        (("direction", "load"), ("instance", "gpu0"), ("le", "+Inf")),
+    ): 1,
     ("numbakv_transfer_duration_seconds_sum", (("direction", "load"), ("instance", "gpu0"))): 3.0,
 }
 """Every sample after one ``run_workload`` by a manager of capacity 100 and instance ``gpu0``."""
@@ -101,5 +134,8 @@ EXPECTED = {
 def run_writers(directory, *writers: tuple[str, int]) -> None:
     """Run one writer process (tests/metrics_writer.py) per (instance, repeats) at once, and wait for them."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    procs = [subprocess.Popen([sys.executable, WRITER, instance, str(repeats)], env=env) for instance, repeats in writers]
+    procs = [
+        subprocess.Popen([sys.executable, WRITER, instance, str(repeats)], env=env)
+        for instance, repeats in writers
+    ]
     assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)

@@ -13,8 +13,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.metrics_fakes import FakeManager, run_workload  # noqa: E402
-from numbakv.metrics import OffloadMetrics  # noqa: E402
+from numbakv.metrics import OffloadMetrics
+from tests.metrics_fakes import FakeManager, run_workload
 
 
 def main(instance: str, repeats: int, seconds: float = 0.0) -> None:

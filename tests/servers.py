@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 
@@ -35,7 +35,9 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
 
 
 @contextlib.contextmanager
-def running(args: list[str], ready_url: str, timeout_s: float = 30, **popen) -> Iterator[subprocess.Popen]:
+def running(
+    args: list[str], ready_url: str, timeout_s: float = 30, **popen
+) -> Iterator[subprocess.Popen]:
     """Start a server process, wait until ``ready_url`` answers, stop it on exit."""
     proc = subprocess.Popen(args, **popen)
     try:
@@ -52,5 +54,15 @@ def running(args: list[str], ready_url: str, timeout_s: float = 30, **popen) -> 
 
 def sidecar(metrics_dir: str, port: int) -> contextlib.AbstractContextManager[subprocess.Popen]:
     """The sidecar under uvicorn, as ``numbakv-sidecar`` runs it, on 127.0.0.1."""
-    args = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--metrics-dir", metrics_dir]
+    args = [
+        sys.executable,
+        "-m",
+        "service",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-dir",
+        metrics_dir,
+    ]
     return running(args, f"http://127.0.0.1:{port}/healthz", cwd=ROOT)

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-generate = pytest.importorskip("dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed")
+generate = pytest.importorskip(
+    "dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed"
+)
 
 
 def committed() -> dict:
@@ -14,14 +16,24 @@ def committed() -> dict:
 
 
 def test_committed_json_is_what_the_code_generates():
-    assert generate.OUTPUT.read_text() == generate.render(), "stale: run `python -m dashboards.generate`"
+    assert generate.OUTPUT.read_text() == generate.render(), (
+        "stale: run `python -m dashboards.generate`"
+    )
 
 
 def test_dashboard_has_the_required_panels_and_variables():
     board = committed()
     titles = {p["title"] for p in board["panels"]}
-    assert {"Hit ratio", "Lookups/s", "Evictions/s", "Stored and loaded blocks/s", "Throughput per direction",
-            "Transfer latency p50 / p99", "Occupancy", "ARC target p and lists"} <= titles
+    assert {
+        "Hit ratio",
+        "Lookups/s",
+        "Evictions/s",
+        "Stored and loaded blocks/s",
+        "Throughput per direction",
+        "Transfer latency p50 / p99",
+        "Occupancy",
+        "ARC target p and lists",
+    } <= titles
     assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "instance"}
     exprs = " ".join(generate.expressions(board))
     assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.99," in exprs
