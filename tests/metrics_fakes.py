@@ -72,61 +72,45 @@ def run_workload(manager: FakeManager, metrics) -> None:
     metrics.on_job_done(4, "load", 3072, 3.0, True)
 
 
+# The label sets of the workload's series, as the tests key samples: (name, value) pairs sorted by name.
+MANAGER = (("instance", "gpu0"), ("policy", "arc"))
+STORE = (("direction", "store"), ("instance", "gpu0"))
+LOAD = (("direction", "load"), ("instance", "gpu0"))
+
 EXPECTED = {
-    ("numbakv_lookups_total", (("instance", "gpu0"), ("policy", "arc"))): 2,
-    ("numbakv_hit_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
-    ("numbakv_missed_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
-    ("numbakv_evicted_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
-    ("numbakv_stored_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 6,
-    ("numbakv_failed_store_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 1,
-    ("numbakv_loaded_blocks_total", (("instance", "gpu0"), ("policy", "arc"))): 3,
-    ("numbakv_stores_skipped_total", (("instance", "gpu0"), ("policy", "arc"))): 7,
-    ("numbakv_host_capacity_blocks", (("instance", "gpu0"), ("policy", "arc"))): 100,
-    ("numbakv_host_used_blocks", (("instance", "gpu0"), ("policy", "arc"))): 5,
-    ("numbakv_host_free_blocks", (("instance", "gpu0"), ("policy", "arc"))): 95,
-    ("numbakv_host_being_stored_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
-    ("numbakv_host_being_loaded_blocks", (("instance", "gpu0"), ("policy", "arc"))): 0,
-    ("numbakv_arc_p_blocks", (("instance", "gpu0"), ("policy", "arc"))): 2,
+    ("numbakv_lookups_total", MANAGER): 2,
+    ("numbakv_hit_blocks_total", MANAGER): 3,
+    ("numbakv_missed_blocks_total", MANAGER): 7,
+    ("numbakv_evicted_blocks_total", MANAGER): 1,
+    ("numbakv_stored_blocks_total", MANAGER): 6,
+    ("numbakv_failed_store_blocks_total", MANAGER): 1,
+    ("numbakv_loaded_blocks_total", MANAGER): 3,
+    ("numbakv_stores_skipped_total", MANAGER): 7,
+    ("numbakv_host_capacity_blocks", MANAGER): 100,
+    ("numbakv_host_used_blocks", MANAGER): 5,
+    ("numbakv_host_free_blocks", MANAGER): 95,
+    ("numbakv_host_being_stored_blocks", MANAGER): 0,
+    ("numbakv_host_being_loaded_blocks", MANAGER): 0,
+    ("numbakv_arc_p_blocks", MANAGER): 2,
     ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t1"), ("policy", "arc"))): 2,
     ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "t2"), ("policy", "arc"))): 3,
     ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b1"), ("policy", "arc"))): 0,
     ("numbakv_arc_list_blocks", (("instance", "gpu0"), ("list", "b2"), ("policy", "arc"))): 0,
-    ("numbakv_transfer_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 3,
-    ("numbakv_transfer_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 1,
-    ("numbakv_transfer_failed_jobs_total", (("direction", "store"), ("instance", "gpu0"))): 1,
-    ("numbakv_transfer_failed_jobs_total", (("direction", "load"), ("instance", "gpu0"))): 0,
-    ("numbakv_transfer_bytes_total", (("direction", "store"), ("instance", "gpu0"))): 6144,
-    ("numbakv_transfer_bytes_total", (("direction", "load"), ("instance", "gpu0"))): 3072,
-    ("numbakv_transfer_duration_seconds_count", (("direction", "store"), ("instance", "gpu0"))): 3,
-    (
-        "numbakv_transfer_duration_seconds_sum",
-        (("direction", "store"), ("instance", "gpu0")),
-    ): 0.0043,
-    (
-        "numbakv_transfer_duration_seconds_bucket",
-        (("direction", "store"), ("instance", "gpu0"), ("le", "0.0001")),
-    ): 0,
-    (
-        "numbakv_transfer_duration_seconds_bucket",
-        (("direction", "store"), ("instance", "gpu0"), ("le", "0.0005")),
-    ): 1,
-    (
-        "numbakv_transfer_duration_seconds_bucket",
-        (("direction", "store"), ("instance", "gpu0"), ("le", "0.0025")),
-    ): 3,
-    (
-        "numbakv_transfer_duration_seconds_bucket",
-        (("direction", "store"), ("instance", "gpu0"), ("le", "+Inf")),
-    ): 3,
-    (
-        "numbakv_transfer_duration_seconds_bucket",
-        (("direction", "load"), ("instance", "gpu0"), ("le", "2.5")),
-    ): 0,
-    (
-        "numbakv_transfer_duration_seconds_bucket",
-        (("direction", "load"), ("instance", "gpu0"), ("le", "+Inf")),
-    ): 1,
-    ("numbakv_transfer_duration_seconds_sum", (("direction", "load"), ("instance", "gpu0"))): 3.0,
+    ("numbakv_transfer_jobs_total", STORE): 3,
+    ("numbakv_transfer_jobs_total", LOAD): 1,
+    ("numbakv_transfer_failed_jobs_total", STORE): 1,
+    ("numbakv_transfer_failed_jobs_total", LOAD): 0,
+    ("numbakv_transfer_bytes_total", STORE): 6144,
+    ("numbakv_transfer_bytes_total", LOAD): 3072,
+    ("numbakv_transfer_duration_seconds_count", STORE): 3,
+    ("numbakv_transfer_duration_seconds_sum", STORE): 0.0043,
+    ("numbakv_transfer_duration_seconds_bucket", (*STORE, ("le", "0.0001"))): 0,
+    ("numbakv_transfer_duration_seconds_bucket", (*STORE, ("le", "0.0005"))): 1,
+    ("numbakv_transfer_duration_seconds_bucket", (*STORE, ("le", "0.0025"))): 3,
+    ("numbakv_transfer_duration_seconds_bucket", (*STORE, ("le", "+Inf"))): 3,
+    ("numbakv_transfer_duration_seconds_bucket", (*LOAD, ("le", "2.5"))): 0,
+    ("numbakv_transfer_duration_seconds_bucket", (*LOAD, ("le", "+Inf"))): 1,
+    ("numbakv_transfer_duration_seconds_sum", LOAD): 3.0,
 }
 """Every sample after one ``run_workload`` by a manager of capacity 100 and instance ``gpu0``."""
 
