@@ -155,6 +155,7 @@ def test_a_fixed_setting_runs_no_miniatures() -> None:
     policy.touch([1, 2, 3])
     assert policy.p == 25
     assert policy.chain_ends is None
+    assert policy.reuse is None
 
 
 def test_sarc_keeps_part_of_a_loop_larger_than_the_cache() -> None:
