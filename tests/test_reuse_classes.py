@@ -18,6 +18,7 @@ def test_classes_bucket_prefix_tail_and_position() -> None:
     assert block_class(1, 2, 1) == (1, 1, 1)
     assert block_class(3, 7, 3) == (3, 2, 2)
     assert block_class(100, 100, 99) == (6, 6, 6)
+    assert block_class(2, 5, 3) is block_class(2, 6, 2)  # one tuple per class, not per block
 
 
 def test_rates_start_equal_and_follow_what_comes_back() -> None:

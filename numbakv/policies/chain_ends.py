@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from numbakv.specs import BlockHash
@@ -22,7 +23,7 @@ class ChainEndWatch:
     def __init__(self, size: int) -> None:
         self.size = size
         self.last_touched: BlockHash | None = None
-        self._watched: dict[BlockHash, int] = {}  # hash -> 0 (chain end) or 1 (sibling)
+        self._watched: OrderedDict[BlockHash, int] = OrderedDict()  # hash -> 0 (end) or 1 (sibling)
         self._watched_count = [0, 0]
         self._reused_count = [0, 0]
         self.demote = False
@@ -50,4 +51,4 @@ class ChainEndWatch:
             watched[sibling] = 1
             self._watched_count[1] += 1
         while len(watched) > self.size:
-            del watched[next(iter(watched))]
+            watched.popitem(last=False)

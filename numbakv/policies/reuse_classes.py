@@ -20,13 +20,17 @@ HALVE_AFTER = 8  # counts halve once this many capacities of blocks have been cl
 BlockClass = tuple[int, int, int]
 
 
+_CLASSES: dict[BlockClass, BlockClass] = {}  # one tuple per class, shared by all its blocks
+
+
 def block_class(prefix: int, tail: int, position: int) -> BlockClass:
     """The class of the block at `position` of a request's `tail` new blocks after `prefix` cached ones."""
-    return (
+    key = (
         bisect_right(PREFIX_EDGES, prefix),
         bisect_right(TAIL_EDGES, tail),
         bisect_right(POSITION_EDGES, position),
     )
+    return _CLASSES.setdefault(key, key)
 
 
 class ReuseClasses:
@@ -47,7 +51,8 @@ class ReuseClasses:
             OrderedDict
         )
         self._queued: dict[BlockHash, BlockClass] = {}  # queued block -> its class
-        self._remembered: dict[BlockHash, BlockClass] = {}  # stored, not yet seen again
+        # Stored, not yet seen again, oldest first (a dict would rescan its deleted front entries).
+        self._remembered: OrderedDict[BlockHash, BlockClass] = OrderedDict()
         self._stored: defaultdict[BlockClass, float] = defaultdict(float)
         self._reused: defaultdict[BlockClass, float] = defaultdict(float)
         self._total_stored = 0.0
@@ -59,8 +64,8 @@ class ReuseClasses:
         self.queues[block_class][block_hash] = None
         remembered = self._remembered
         remembered[block_hash] = block_class
-        while len(remembered) > self.memory:
-            del remembered[next(iter(remembered))]
+        if len(remembered) > self.memory:
+            remembered.popitem(last=False)
         self._stored[block_class] += 1
         self._total_stored += 1
         if self._total_stored > HALVE_AFTER * self.capacity:
