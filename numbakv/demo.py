@@ -229,11 +229,11 @@ def _print(report: DemoReport, config: DemoConfig) -> None:
         f"(GPU {report.gpu_hits:,} + host tier {report.host_hits:,}; computed {report.computed:,})"
     )
     for direction, name in (("store", "GPU -> host"), ("load", "host -> GPU")):
-        seconds = report.transfer_seconds[direction]
-        rate = report.bytes_moved[direction] / seconds / 1e9 if seconds else 0.0
+        seconds, moved = report.transfer_seconds[direction], report.bytes_moved[direction]
+        # The simulator's events have no clock: no time, no rate (rather than "0 GB/s").
+        rate = f", {moved / seconds / 1e9:.3g} GB/s" if seconds else ""
         print(
-            f"{name:<14} {report.blocks_moved[direction]:,} blocks, "
-            f"{report.bytes_moved[direction] / 2**20:.1f} MiB, {rate:.3g} GB/s"
+            f"{name:<14} {report.blocks_moved[direction]:,} blocks, {moved / 2**20:,.1f} MiB{rate}"
         )
     print(f"byte check     {report.verified:,} loaded blocks verified, {report.mismatched} wrong")
     print(f"time           {report.seconds:.1f} s")
@@ -262,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = DemoConfig(**vars(args))
     if simulate_without_gpu():
-        print("no CUDA GPU here: running on Numba's CUDA simulator (small sizes suit it)")
+        print(
+            "no CUDA GPU here: running on Numba's CUDA simulator "
+            "(small sizes suit it; transfers are not timed)"
+        )
     try:
         report = run(config, progress=sys.stderr.isatty())
     except (TraceError, ValueError, TypeError) as error:

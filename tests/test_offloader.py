@@ -5,7 +5,15 @@ import pytest
 
 from numbakv import CPUOffloadingManager
 from numbakv.datapath import HostPool, TransferEngine
-from numbakv.demo import DemoConfig, DemoReport, StandInEngine, block_contents, build_kv_cache, run
+from numbakv.demo import (
+    DemoConfig,
+    DemoReport,
+    StandInEngine,
+    _print,
+    block_contents,
+    build_kv_cache,
+    run,
+)
 from numbakv.offloader import KVOffloader
 from tests.datapath_cases import make_cache
 
@@ -181,3 +189,13 @@ def test_drain_finishes_every_job_and_reports_each_once(setup):
     assert sorted(offloader.drain()) == [(jobs[0], True), (jobs[1], False)]
     assert not any(offloader.in_flight(job) for job in jobs)
     assert offloader.poll() == [] and offloader.lookup([1, 2, 3]) == 2
+
+
+def test_the_demo_prints_a_rate_only_for_timed_transfers(capsys):
+    report = DemoReport(bytes_moved={"store": 4 * 10**9, "load": 2**20})
+    report.transfer_seconds["store"] = 0.1  # the load was not timed, as on the simulator
+    _print(report, SMALL)
+    out = capsys.readouterr().out.splitlines()
+    store, load = (next(line for line in out if line.startswith(name)) for name in ("GPU", "host"))
+    assert store.endswith("3,814.7 MiB, 40 GB/s")
+    assert load.endswith("1.0 MiB")
