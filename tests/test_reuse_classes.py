@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
 from numbakv.policies.reuse_classes import HALVE_AFTER, PRIOR, ReuseClasses, block_class
@@ -69,6 +71,39 @@ def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
     for block in (198, 199):
         classes.leave(block)
     assert list(classes.queues) == [OTHER]  # an emptied class is dropped
+
+
+@given(
+    blocks=st.lists(
+        st.tuples(st.sampled_from([FIRST, OTHER, block_class(1, 1, 0)]), st.integers(0, 50)),
+        min_size=1,
+        max_size=30,
+    ),
+    returning=st.sets(st.integers(0, 29)),
+    demoted=st.sets(st.integers(0, 29)),
+    stuck=st.sets(st.integers(0, 29)),
+)
+def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demoted, stuck) -> None:
+    """Against a slow reference: every evictable queued block once, each class in queue order,
+    the next always the class head of largest age / rate (ties to the smaller class)."""
+    classes = ReuseClasses(capacity=1000, memory=1000)
+    last_used = {}
+    for block, (kind, tick) in enumerate(blocks):
+        classes.add(block, kind)
+        last_used[block] = tick  # not in queue order: a touch may stamp a pending block
+    classes.seen(sorted(returning))
+    for block in sorted(demoted & set(last_used)):
+        classes.demote(block)
+    now, slowness = 100, classes._slowness()  # 1 / rate, as victims weighs it (no rounding apart)
+    queues = {c: [b for b in queue if b not in stuck] for c, queue in classes.queues.items()}
+    expected = []
+    while any(queues.values()):
+        heads = [(c, queue[0]) for c, queue in queues.items() if queue]
+        kind, _ = min(
+            heads, key=lambda item: ((last_used[item[1]] - now) * slowness(item[0]), item[0])
+        )
+        expected.append(queues[kind].pop(0))
+    assert list(classes.victims(now, last_used, lambda block: block not in stuck)) == expected
 
 
 def test_sarc_evicts_the_class_that_does_not_come_back_before_an_older_block() -> None:
