@@ -94,7 +94,7 @@ def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demot
     classes.seen(sorted(returning))
     for block in sorted(demoted & set(last_used)):
         classes.demote(block)
-    now, slowness = 100, classes._slowness()  # 1 / rate, as victims weighs it (no rounding apart)
+    now, slowness = 100, classes._slowness()  # 1 / rate, rounded exactly as victims rounds it
     queues = {c: [b for b in queue if b not in stuck] for c, queue in classes.queues.items()}
     expected = []
     while any(queues.values()):
