@@ -194,8 +194,8 @@ class SightingARCPolicy(ARCPolicy):
             over_bound = remaining_t1 > self.p
             candidate = head_t1
             if over_bound and by_class is not None and head_t1 is not None:
-                block_hash = next(by_class, None)
-                candidate = head_t1 if block_hash is None else (block_hash, t1[block_hash])
+                block_hash = next(by_class)  # T1 is all queued: one is left while head_t1 is
+                candidate = (block_hash, t1[block_hash])
             if head_t2 is None or (
                 candidate is not None
                 and (over_bound or last_used[candidate[0]] <= last_used[head_t2[0]])
