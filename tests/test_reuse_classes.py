@@ -28,11 +28,12 @@ def test_rates_start_equal_and_follow_what_comes_back() -> None:
     for block in range(10):
         classes.add(block, FIRST)
         classes.add(100 + block, OTHER)
-    assert classes.rate(FIRST) == classes.rate(OTHER) == 1.0  # nothing came back yet
+    slowness = classes._slowness()
+    assert slowness(FIRST) == slowness(OTHER) == 1.0  # nothing came back yet
     classes.seen(list(range(10)) * 2)  # every FIRST block comes back, counted once
-    mean = 10 / 20
-    assert classes.rate(FIRST) == pytest.approx((10 + PRIOR * mean) / (10 + PRIOR))
-    assert classes.rate(OTHER) == pytest.approx(PRIOR * mean / (10 + PRIOR))
+    mean, slowness = 10 / 20, classes._slowness()
+    assert 1 / slowness(FIRST) == pytest.approx((10 + PRIOR * mean) / (10 + PRIOR))
+    assert 1 / slowness(OTHER) == pytest.approx(PRIOR * mean / (10 + PRIOR))
 
 
 def test_a_forgotten_block_coming_back_is_not_counted() -> None:

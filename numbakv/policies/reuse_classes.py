@@ -97,12 +97,9 @@ class ReuseClasses:
                 self._reused[block_class] += 1
                 self._total_reused += 1
 
-    def rate(self, block_class: BlockClass) -> float:
-        """The class's re-use rate, drawn towards the mean while it has few blocks."""
-        return 1 / self._slowness()(block_class)
-
     def _slowness(self) -> Callable[[BlockClass], float]:
-        """1 / rate, per class (1 for all while nothing has come back: no class is worse)."""
+        """1 / re-use rate, per class, drawn towards the mean while a class has few blocks (1 for
+        all while nothing has come back: no class is worse)."""
         if not self._total_reused:
             return lambda block_class: 1.0
         mean = self._total_reused / self._total_stored
