@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
 from numbakv.policies import LRUPolicy, SightingARCPolicy
@@ -14,9 +16,10 @@ from numbakv.policies.miniatures import (
     SMALLEST,
     Miniature,
     MiniatureTuner,
+    SightingMiniature,
     sampling_for,
 )
-from numbakv.policies.sighting_arc import LRU, SETTINGS, Setting
+from numbakv.policies.sighting_arc import LRU, SETTINGS, SIGHTING_MEMORY, Setting
 from tests.replaying import replay_into
 
 
@@ -75,11 +78,36 @@ def test_sampling_keeps_miniatures_big_enough() -> None:
     assert sampling_for(10**6) == SAMPLING
 
 
+CHAINS = st.lists(
+    st.lists(st.integers(0, 40), min_size=1, max_size=7).map(sorted), min_size=1, max_size=60
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains=CHAINS, size=st.integers(1, 12), setting=st.sampled_from(SETTINGS))
+def test_the_lean_miniature_decides_as_the_policy_with_that_setting(chains, size, setting) -> None:
+    """SightingMiniature against Miniature(SightingARCPolicy(setting)): the same hits on every
+    request, and the same lists, in order, after each."""
+    lean = SightingMiniature(size, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+    full = Miniature(SightingARCPolicy(size, [0] * size, setting))
+    policy = full.policy
+    for chain in chains:
+        chain = chain + chain[:1] if len(chain) % 3 == 0 else chain  # now and then a repeat
+        assert lean.request(chain) == full.request(chain)
+        assert list(lean.t1) == policy.t1
+        assert list(lean.t2) == policy.t2
+        assert list(lean.b1) == list(policy.b1)
+        assert list(lean.b2) == list(policy.b2)
+    assert lean.hits == full.hits
+
+
 def tuner_for(capacity: int) -> MiniatureTuner:
     settings = (Setting(1.0, True), Setting(0.0, True))
-    return MiniatureTuner(
-        [SightingARCPolicy(capacity, [0] * capacity, setting) for setting in settings], sampling=1
-    )
+    miniatures = [
+        SightingMiniature(capacity, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+        for setting in settings
+    ]
+    return MiniatureTuner(miniatures, sampling=1)
 
 
 def test_the_tuner_follows_the_candidate_that_hits_most() -> None:
@@ -96,7 +124,10 @@ def test_the_tuner_follows_the_candidate_that_hits_most() -> None:
 
 def tuner_with_scores(*scores: float, default: int, undecided: int) -> MiniatureTuner:
     tuner = MiniatureTuner(
-        [LRUPolicy(4, [0] * 4) for _ in scores], sampling=1, default=default, undecided=undecided
+        [Miniature(LRUPolicy(4, [0] * 4)) for _ in scores],
+        sampling=1,
+        default=default,
+        undecided=undecided,
     )
     for miniature, score in zip(tuner.miniatures, scores):
         miniature.hits = score
@@ -128,7 +159,9 @@ def test_a_lead_within_noise_keeps_the_leader(spread: float, leader: int) -> Non
 
 
 def test_spread_sums_squared_differences_per_request() -> None:
-    tuner = MiniatureTuner([LRUPolicy(4, [0] * 4), LRUPolicy(1, [0])], sampling=1)
+    tuner = MiniatureTuner(
+        [Miniature(LRUPolicy(4, [0] * 4)), Miniature(LRUPolicy(1, [0]))], sampling=1
+    )
     for chain in ([1, 2], [1, 2], [1, 2]):  # hits: 0 and 0, then 2 and 0, then 2 and 0
         tuner.observe(chain)
     assert tuner.spread == [[0, 8], [8, 0]]
@@ -136,7 +169,7 @@ def test_spread_sums_squared_differences_per_request() -> None:
 
 def test_scores_are_halved_past_forget() -> None:
     hot = list(range(100))
-    tuner = MiniatureTuner([LRUPolicy(100, [0] * 100)], sampling=1)
+    tuner = MiniatureTuner([Miniature(LRUPolicy(100, [0] * 100))], sampling=1)
     for _ in range(FORGET // 100 + 2):
         tuner.observe(hot)
     assert FORGET / 2 < tuner.miniatures[0].hits <= FORGET

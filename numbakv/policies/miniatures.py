@@ -4,9 +4,12 @@ Miniature Simulations", USENIX ATC 2017)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 from numbakv.policies.base import CachePolicy
+from numbakv.policies.ghosts import GhostList
 from numbakv.specs import BlockHash
 
 SAMPLING = 16  # one hash in SAMPLING is simulated ...
@@ -16,6 +19,15 @@ FORGET = 4000
 # The leader gives way only to a challenger ahead of it by more than CONFIDENCE standard deviations
 # of their per-request hit differences: close settings otherwise swap the lead on noise.
 CONFIDENCE = 1.0
+_NONE = object()  # no evictable block left in a list (any hash, None included, may be a key)
+
+
+class Replaying(Protocol):
+    """What the tuner needs of a miniature."""
+
+    hits: float
+
+    def request(self, chain: Sequence[BlockHash]) -> int: ...
 
 
 def sampling_for(capacity: int) -> int:
@@ -26,7 +38,10 @@ def sampling_for(capacity: int) -> int:
 class Miniature:
     """A policy instance of capacity/sampling blocks fed the sampled hashes of every request,
     with the replay semantics of the real cache: hits are the leading cached run, then a touch,
-    then the missing blocks are stored (instantly ready). Hashes only: no bytes, no manager."""
+    then the missing blocks are stored (instantly ready). Hashes only: no bytes, no manager.
+
+    Any `CachePolicy` runs in it; Sighting ARC's own settings run in `SightingMiniature`, which
+    decides the same at a fraction of the cost."""
 
     def __init__(self, policy: CachePolicy) -> None:
         self.policy = policy
@@ -56,6 +71,116 @@ class Miniature:
         return hits
 
 
+class SightingMiniature:
+    """One fixed setting of Sighting ARC (`bound` x size on blocks seen once, where returning
+    ghosts go) replayed as `Miniature` replays it, on hashes alone.
+
+    Everything a miniature never meets is left out: block ids, ref counts, chain ends, reuse
+    classes, stores that stay in flight. T1 and T2 map each hash to its clock tick, in recency
+    order; stored blocks are ranked as they are stored (the first of a request the most recent).
+    It hits, ranks and evicts exactly as `Miniature(SightingARCPolicy(size, ..., setting))` does
+    (tests/test_miniatures.py replays both).
+    """
+
+    def __init__(self, size: int, bound: float, returns_to_t2: bool, ghost_memory: int) -> None:
+        self.size = size
+        self.p = bound * size
+        self.returns_to_t2 = returns_to_t2
+        self.hits = 0.0
+        self.t1: OrderedDict[BlockHash, int] = OrderedDict()
+        self.t2: OrderedDict[BlockHash, int] = OrderedDict()
+        self.b1 = GhostList(ghost_memory * size)
+        self.b2 = GhostList(size)
+        self._clock = 0  # the next tick
+
+    def request(self, chain: Sequence[BlockHash]) -> int:
+        """Replay one request; returns its hits."""
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        in_b1, in_b2 = b1.members, b2.members
+        now = self._clock
+        self._clock = now + 1
+        # One pass does the touch (from the last hash to the first, so that the first ends the
+        # most recent) and finds the hits (the cached run before the first miss: a touch keeps
+        # every cached block cached) and the misses.
+        hits = len(chain)
+        misses = []
+        for position in range(hits - 1, -1, -1):
+            block_hash = chain[position]
+            if block_hash in t1:
+                del t1[block_hash]
+                t2[block_hash] = now
+            elif block_hash in t2:
+                t2.move_to_end(block_hash)
+                t2[block_hash] = now
+            else:
+                hits = position
+                misses.append(block_hash)
+                if block_hash in in_b1:
+                    b1.refresh(block_hash)
+                elif block_hash in in_b2:
+                    b2.refresh(block_hash)
+        self.hits += hits
+        if not misses:
+            return hits
+        misses.reverse()
+        if len(misses) > 1:
+            misses = list(dict.fromkeys(misses))
+        size = self.size
+        tail = chain[hits:]
+        # All or nothing, like the manager: the request's new tail must fit.
+        if len(tail) > size and len(dict.fromkeys(tail)) > size:
+            return hits
+        shortfall = len(misses) - (size - len(t1) - len(t2))
+        if shortfall > 0:
+            self._evict(shortfall, tail)
+        tick = self._clock
+        to_t2 = t2 if self.returns_to_t2 else t1
+        for block_hash in reversed(misses):  # ranked as stored: the first the most recent
+            if block_hash in in_b1:
+                b1.remove(block_hash)
+                to_t2[block_hash] = tick
+            elif block_hash in in_b2:
+                b2.remove(block_hash)
+                to_t2[block_hash] = tick
+            else:
+                t1[block_hash] = tick
+            tick += 1
+        self._clock = tick
+        return hits
+
+    def _evict(self, n: int, named: Sequence[BlockHash]) -> None:
+        """Sighting ARC's victims, one at a time: T1's oldest while T1 is over p, else the older
+        of the two lists' oldest; none of them named by the request. The touch moved every
+        cached block the request names to T2, so T1's blocks may all leave."""
+        t1, t2 = self.t1, self.t2
+        from_t1: list[BlockHash] = []
+        while n and len(t1) > self.p:
+            from_t1.append(t1.popitem(last=False)[0])
+            n -= 1
+        from_t2: list[BlockHash] = []
+        if n:
+            # At or under the bound: merge the two lists by tick (T1 first on a tie).
+            oldest_t1 = iter(t1)
+            oldest_t2 = (block_hash for block_hash in t2 if block_hash not in named)
+            head_t1, head_t2 = next(oldest_t1, _NONE), next(oldest_t2, _NONE)
+            merged_t1 = len(from_t1)
+            for _ in range(n):
+                if head_t2 is _NONE or (head_t1 is not _NONE and t1[head_t1] <= t2[head_t2]):
+                    from_t1.append(head_t1)
+                    head_t1 = next(oldest_t1, _NONE)
+                else:
+                    from_t2.append(head_t2)
+                    head_t2 = next(oldest_t2, _NONE)
+            for block_hash in from_t1[merged_t1:]:
+                del t1[block_hash]
+            for block_hash in from_t2:
+                del t2[block_hash]
+            if from_t2:
+                self.b2.add_all(from_t2)
+        if from_t1:
+            self.b1.add_all(from_t1)
+
+
 class MiniatureTuner:
     """Replays a 1-in-`sampling` sample of the hashes through one miniature per candidate and
     names the candidate whose miniature has hit clearly most lately.
@@ -67,15 +192,15 @@ class MiniatureTuner:
     """
 
     def __init__(
-        self, candidates: Sequence[CachePolicy], sampling: int, default: int = 0, undecided: int = 0
+        self, miniatures: Sequence[Replaying], sampling: int, default: int = 0, undecided: int = 0
     ) -> None:
-        self.miniatures = [Miniature(policy) for policy in candidates]
+        self.miniatures = list(miniatures)
         self.sampling = sampling
         self.default = default
         self.undecided = undecided
         self.leader = undecided
         # spread[i][j]: decayed sum over requests of (hits of i - hits of j) squared
-        self.spread = [[0.0] * len(candidates) for _ in candidates]
+        self.spread = [[0.0] * len(miniatures) for _ in miniatures]
 
     def observe(self, chain: Sequence[BlockHash]) -> int:
         """Feed one request's chain; returns the index of the leading candidate."""
