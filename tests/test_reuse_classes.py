@@ -91,7 +91,8 @@ def test_counts_halve_so_recent_traffic_counts_more() -> None:
     assert classes._stored[FIRST] == (HALVE_AFTER * 10 + 1) / 2
 
 
-def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
+def four_queued_blocks() -> tuple[ReuseClasses, list[int]]:
+    """198 and 199 of FIRST, 200 and 201 of OTHER, FIRST coming back five times as often."""
     ticks = [0] * 400
     ticks[198], ticks[199], ticks[200], ticks[201] = 0, 10, 50, 60
     classes = classes_of(capacity=400, memory=1000, ticks=ticks)
@@ -99,20 +100,32 @@ def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
     add(classes, returning, FIRST)
     add(classes, lost, OTHER)
     classes.seen(list(returning))  # FIRST comes back five times as often as OTHER, after PRIOR
-    classes.leave_all([*returning[:-2], *lost[2:]])  # queued now: 198, 199 (FIRST); 200, 201
+    classes.leave_all([*returning[:-2], *lost[2:]])
+    return classes, ticks
+
+
+def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
     hash_of, idle = list(range(400)), [0] * 400
     # ages over rates at 100: 120 and 108 (FIRST, rate 5/6); 300 and 240 (OTHER, rate 1/6)
-    assert list(classes.victims(100, idle, hash_of, NOTHING)) == [200, 201, 198, 199]
-    assert list(classes.victims(100, idle, hash_of, {200})) == [201, 198, 199]
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, idle, hash_of, NOTHING) == [200, 201, 198, 199]
+    assert classes.queued == {}  # taken blocks leave their classes; an emptied class is dropped
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(2, 100, idle, hash_of, NOTHING) == [200, 201]
+    assert list(classes.queue(FIRST)) == [198, 199]
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, idle, hash_of, {200}) == [201, 198, 199]
+    assert list(classes.queue(OTHER)) == [200]
     pinned = idle.copy()
     pinned[198] = 1
-    assert list(classes.victims(100, pinned, hash_of, NOTHING)) == [200, 201, 199]
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, pinned, hash_of, NOTHING) == [200, 201, 199]
+    classes, ticks = four_queued_blocks()
     classes.demote(201)  # the oldest of OTHER now (the policy also gives it the oldest tick)
     ticks[201] = -1
-    assert list(classes.victims(100, idle, hash_of, NOTHING)) == [201, 200, 198, 199]
-    assert list(classes.victims(100, [1] * 400, hash_of, NOTHING)) == []
-    classes.leave_all([198, 199])
-    assert list(classes.queued) == [OTHER]  # an emptied class is dropped
+    assert classes.take_victims(4, 100, idle, hash_of, NOTHING) == [201, 200, 198, 199]
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, [1] * 400, hash_of, NOTHING) == []
 
 
 def test_a_renewed_block_becomes_the_newest_of_its_class() -> None:
@@ -122,7 +135,7 @@ def test_a_renewed_block_becomes_the_newest_of_its_class() -> None:
     ticks[0] = 20  # touched while its store is in flight
     classes.renew(0)
     assert list(classes.queue(FIRST)) == [1, 2, 3, 0]
-    assert list(classes.victims(30, [0] * 10, list(range(10)), NOTHING)) == [1, 2, 3, 0]
+    assert classes.take_victims(4, 30, [0] * 10, list(range(10)), NOTHING) == [1, 2, 3, 0]
 
 
 @given(
@@ -159,7 +172,8 @@ def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demot
         heads = [(c, queue[0]) for c, queue in queues.items() if queue]
         kind, _ = min(heads, key=lambda item: ((ticks[item[1]] - now) * slowness(item[0]), item[0]))
         expected.append(queues[kind].pop(0))
-    assert list(classes.victims(now, pinned, list(range(30)), NOTHING)) == expected
+    taken = classes.take_victims(len(blocks), now, pinned, list(range(30)), NOTHING)
+    assert taken == expected
 
 
 def test_sarc_evicts_the_class_that_does_not_come_back_before_an_older_block() -> None:

@@ -76,9 +76,9 @@ class ReuseClasses:
     ) -> None:
         """Blocks just stored join their classes as the most recent, in order."""
         newer, older = self._queues.newer, self._queues.older
-        first, class_of, queued = self.capacity, self._class_of, self.queued
+        first, class_of, queued, heads = self.capacity, self._class_of, self.queued, self._heads
         remembered, memory = self._remembered, self.memory
-        stored = self._stored
+        stored, halve_at = self._stored, HALVE_AFTER * self.capacity
         for block_id, block_hash, block_class in zip(block_ids, block_hashes, classes):
             class_of[block_id] = block_class
             end = first + block_class
@@ -91,13 +91,13 @@ class ReuseClasses:
                 queued[block_class] += 1
             else:
                 queued[block_class] = 1
-                self._heads[block_class] = block_id
+                heads[block_class] = block_id
             remembered[block_hash] = block_class
             if len(remembered) > memory:
                 remembered.popitem(last=False)
             stored[block_class] += 1
             self._total_stored += 1
-            if self._total_stored > HALVE_AFTER * self.capacity:
+            if self._total_stored > halve_at:
                 for counts in (self._stored, self._reused):
                     counts[:] = [count / 2 for count in counts]
                 self._total_stored /= 2
@@ -168,23 +168,24 @@ class ReuseClasses:
         """The queued blocks of a class, oldest first."""
         return self._queues.oldest_first(self.capacity + block_class)
 
-    def victims(
+    def take_victims(
         self,
+        count: int,
         now: int,
         pinned: Sequence[int],
         hash_of: Sequence[BlockHash],
         protected: AbstractSet[BlockHash],
-    ) -> Iterator[int]:
-        """Queued blocks that may be evicted (`pinned` 0, hash not `protected`), largest age /
-        class rate at time `now` first (ties to the smaller class).
+    ) -> list[int]:
+        """Dequeue and return up to `count` blocks that may be evicted (`pinned` 0, hash not
+        `protected`): one at a time, the first such block of the class of largest age / rate
+        at time `now` (ties to the smaller class).
 
-        Lazy: one evict call takes what it needs. The queues must not change while it runs.
+        Rates move with every block stored or seen again, and ages with the clock, so the heap
+        is built afresh: one entry per class, keyed by its oldest block. Each class is in tick
+        order, so a class whose oldest blocks may not leave sorts later once they are skipped,
+        and the merge is exact.
         """
         ticks, stored, reused = self._ticks, self._stored, self._reused
-        # Rates move with every block stored or seen again, and ages with the clock, so the heap
-        # is built afresh: one entry per class, keyed by its oldest block. Each class is in tick
-        # order, so a class whose oldest blocks may not leave only sorts later once they are
-        # skipped, and the merge stays exact.
         prior = PRIOR * (self._total_reused / self._total_stored) if self._total_reused else 0.0
         heap = [
             (
@@ -196,10 +197,11 @@ class ReuseClasses:
         ]
         heapify(heap)
         newer, first = self._queues.newer, self.capacity
-        while heap:
+        taken: list[int] = []
+        while heap and len(taken) < count:
             _, block_class, head = heap[0]
             if not (pinned[head] or hash_of[head] in protected):
-                yield head
+                taken.append(head)
             end = first + block_class
             head = newer[head]
             while head != end and (pinned[head] or hash_of[head] in protected):
@@ -211,3 +213,5 @@ class ReuseClasses:
                     (stored[block_class] + PRIOR) / (reused[block_class] + prior) if prior else 1.0
                 )
                 heapreplace(heap, ((ticks[head] - now) * weight, block_class, head))
+        self.leave_all(taken)
+        return taken

@@ -3,7 +3,7 @@ miniature simulations of itself."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
@@ -241,32 +241,30 @@ class SightingARCPolicy(CachePolicy):
                 node = newer[node]
             return node
 
-        head_t1, head_t2 = idle(newer[t1_end], t1_end), idle(newer[t2_end], t2_end)
-        by_class: Iterator[int] | None = None
-        if reuse is not None:
+        t1_left, p = self._t1_size, self.p
+        over_bound = 0  # the first rounds, while what is left of T1 is over p, all take from T1
+        while over_bound < n and t1_left - over_bound > p:
+            over_bound += 1
+        chosen_t1: list[int] = []
+        if reuse is not None and over_bound:
             now = self._clock
             self._clock = now + 1
-            by_class = reuse.victims(now, pinned, hash_of, protected)
-        by_class_taken: set[int] = set()  # the walk from T1's old end skips these
-        t1_left, p = self._t1_size, self.p
-        chosen_t1: list[int] = []
+            chosen_t1 = reuse.take_victims(over_bound, now, pinned, hash_of, protected)
+        elif reuse is not None:
+            self._clock += 1
+        by_class = set(chosen_t1)  # the walk from T1's old end skips these
+        head_t1, head_t2 = idle(newer[t1_end], t1_end), idle(newer[t2_end], t2_end)
         chosen_t2: list[int] = []
-        for _ in range(n):
-            while head_t1 in by_class_taken:
+        for _ in range(n - len(chosen_t1)):
+            while head_t1 in by_class:
                 head_t1 = idle(newer[head_t1], t1_end)
-            over_bound = t1_left > p
             if head_t1 != t1_end and (
-                head_t2 == t2_end or over_bound or ticks[head_t1] <= ticks[head_t2]
+                head_t2 == t2_end
+                or t1_left - len(chosen_t1) > p
+                or ticks[head_t1] <= ticks[head_t2]
             ):
-                if over_bound and by_class is not None:
-                    # T1 is all queued by class: one is left while head_t1 is.
-                    block_id = next(by_class)
-                    by_class_taken.add(block_id)
-                else:
-                    block_id = head_t1
-                    head_t1 = idle(newer[head_t1], t1_end)
-                chosen_t1.append(block_id)
-                t1_left -= 1
+                chosen_t1.append(head_t1)
+                head_t1 = idle(newer[head_t1], t1_end)
             else:
                 chosen_t2.append(head_t2)
                 head_t2 = idle(newer[head_t2], t2_end)
@@ -281,7 +279,7 @@ class SightingARCPolicy(CachePolicy):
         if chosen_t1:
             self.b1.add_all([block_hash for block_hash, _ in victims[: len(chosen_t1)]])
             if reuse is not None:
-                reuse.leave_all(chosen_t1)
+                reuse.leave_all(chosen_t1)  # those taken by class have left already
         if chosen_t2:
             self.b2.add_all([block_hash for block_hash, _ in victims[len(chosen_t1) :]])
         self._t1_size -= len(chosen_t1)
