@@ -148,14 +148,18 @@ class CPUOffloadingManager:
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         """How many hashes, from the first, are cached and ready. Changes no recency."""
-        hashes = _checked("lookup", block_hashes)
+        hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
         hits = 0
-        for block_hash in hashes:
-            block_id = get(block_hash)
-            if block_id is None or ref_counts[block_id] < 0:
-                break
-            hits += 1
+        try:
+            for block_hash in hashes:
+                block_id = get(block_hash)
+                if block_id is None or ref_counts[block_id] < 0:
+                    break
+                hits += 1
+            frozenset(hashes[hits + 1 :])  # the rest must be hashable too
+        except TypeError:
+            raise _unhashable("lookup", hashes) from None
         self._lookups += 1
         self._hit_blocks += hits
         self._missed_blocks += len(hashes) - hits

@@ -93,12 +93,23 @@ def test_the_lean_miniature_decides_as_the_policy_with_that_setting(chains, size
     policy = full.policy
     for chain in chains:
         chain = chain + chain[:1] if len(chain) % 3 == 0 else chain  # now and then a repeat
-        assert lean.request(chain) == full.request(chain)
+        assert lean.request(chain, len(set(chain)) == len(chain)) == full.request(chain)
         assert list(lean.t1) == policy.t1
         assert list(lean.t2) == policy.t2
         assert list(lean.b1) == list(policy.b1)
         assert list(lean.b2) == list(policy.b2)
     assert lean.hits == full.hits
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_request_may_evict_its_hits_but_not_its_tail(setting) -> None:
+    """[1, 9, 2] on a full cache of 1 and 2: both were just touched, the newest of all; the
+    store of 9 must evict 1 (a hit, not named in the store) and keep 2 (in the stored tail)."""
+    lean = SightingMiniature(2, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+    full = Miniature(SightingARCPolicy(2, [0] * 2, setting))
+    for chain in ([1, 2], [1, 9, 2]):
+        assert lean.request(chain, distinct=True) == full.request(chain)
+    assert sorted([*lean.t1, *lean.t2]) == sorted([*full.policy.t1, *full.policy.t2]) == [2, 9]
 
 
 def tuner_for(capacity: int) -> MiniatureTuner:

@@ -45,7 +45,12 @@ class GhostList:
         members, order, stale = self.members, self._order, self._stale
         members.update(block_hashes)
         order.extend(block_hashes)
-        for _ in range(len(members) - self.limit):  # as if trimmed after each: FIFO either way
+        excess = len(members) - self.limit  # trimmed after all, as if after each: FIFO either way
+        if not stale:
+            for _ in range(excess):
+                members.remove(order.popleft())
+            return
+        for _ in range(excess):
             oldest = order.popleft()
             places = stale.get(oldest)
             while places:

@@ -27,7 +27,7 @@ class Replaying(Protocol):
 
     hits: float
 
-    def request(self, chain: Sequence[BlockHash]) -> int: ...
+    def request(self, chain: Sequence[BlockHash], distinct: bool = False) -> int: ...
 
 
 def sampling_for(capacity: int) -> int:
@@ -48,8 +48,8 @@ class Miniature:
         self.hits = 0.0
         self._free_ids = list(range(policy.capacity))
 
-    def request(self, chain: Sequence[BlockHash]) -> int:
-        """Replay one request; returns its hits."""
+    def request(self, chain: Sequence[BlockHash], distinct: bool = False) -> int:
+        """Replay one request; returns its hits (`distinct` is for faster miniatures)."""
         policy = self.policy
         hits = 0
         for block_hash in chain:
@@ -93,17 +93,18 @@ class SightingMiniature:
         self.b2 = GhostList(size)
         self._clock = 0  # the next tick
 
-    def request(self, chain: Sequence[BlockHash]) -> int:
-        """Replay one request; returns its hits."""
+    def request(self, chain: Sequence[BlockHash], distinct: bool = False) -> int:
+        """Replay one request (`distinct`: no hash appears twice in it); returns its hits."""
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         in_b1, in_b2 = b1.members, b2.members
         now = self._clock
         self._clock = now + 1
         # One pass does the touch (from the last hash to the first, so that the first ends the
         # most recent) and finds the hits (the cached run before the first miss: a touch keeps
-        # every cached block cached) and the misses.
+        # every cached block cached) and the misses, last first: the order they are stored in.
         hits = len(chain)
-        misses = []
+        misses: list[BlockHash] = []
+        ghosts: list[BlockHash] = []
         for position in range(hits - 1, -1, -1):
             block_hash = chain[position]
             if block_hash in t1:
@@ -117,25 +118,32 @@ class SightingMiniature:
                 misses.append(block_hash)
                 if block_hash in in_b1:
                     b1.refresh(block_hash)
+                    ghosts.append(block_hash)
                 elif block_hash in in_b2:
                     b2.refresh(block_hash)
+                    ghosts.append(block_hash)
         self.hits += hits
         if not misses:
             return hits
-        misses.reverse()
-        if len(misses) > 1:
-            misses = list(dict.fromkeys(misses))
+        if not distinct and len(misses) > 1:
+            misses = list(dict.fromkeys(misses[::-1]))[::-1]  # each hash where it first appears
         size = self.size
-        tail = chain[hits:]
         # All or nothing, like the manager: the request's new tail must fit.
-        if len(tail) > size and len(dict.fromkeys(tail)) > size:
+        if len(chain) - hits > size and len(dict.fromkeys(chain[hits:])) > size:
             return hits
         shortfall = len(misses) - (size - len(t1) - len(t2))
         if shortfall > 0:
-            self._evict(shortfall, tail)
+            self._evict(shortfall, now, chain[hits:])
         tick = self._clock
+        self._clock = tick + len(misses)
+        if not ghosts:
+            for block_hash in misses:
+                t1[block_hash] = tick
+                tick += 1
+            return hits
+        # An eviction may have pushed a returning ghost out of its list: ask again.
         to_t2 = t2 if self.returns_to_t2 else t1
-        for block_hash in reversed(misses):  # ranked as stored: the first the most recent
+        for block_hash in misses:
             if block_hash in in_b1:
                 b1.remove(block_hash)
                 to_t2[block_hash] = tick
@@ -145,36 +153,45 @@ class SightingMiniature:
             else:
                 t1[block_hash] = tick
             tick += 1
-        self._clock = tick
         return hits
 
-    def _evict(self, n: int, named: Sequence[BlockHash]) -> None:
+    def _evict(self, n: int, now: int, tail: Sequence[BlockHash]) -> None:
         """Sighting ARC's victims, one at a time: T1's oldest while T1 is over p, else the older
-        of the two lists' oldest; none of them named by the request. The touch moved every
-        cached block the request names to T2, so T1's blocks may all leave."""
+        of the two lists' oldest; none of them in the request's `tail`.
+
+        The touch moved every cached block of the request to T2 with tick `now`, and both lists
+        are in tick order: all of T1 may leave, and all of T2 up to its first block of tick
+        `now`; of those after it, the request's cached head (its hits) may still leave."""
         t1, t2 = self.t1, self.t2
         from_t1: list[BlockHash] = []
         while n and len(t1) > self.p:
             from_t1.append(t1.popitem(last=False)[0])
             n -= 1
-        from_t2: list[BlockHash] = []
         if n:
-            # At or under the bound: merge the two lists by tick (T1 first on a tie).
-            oldest_t1 = iter(t1)
-            oldest_t2 = (block_hash for block_hash in t2 if block_hash not in named)
-            head_t1, head_t2 = next(oldest_t1, _NONE), next(oldest_t2, _NONE)
-            merged_t1 = len(from_t1)
+            # At or under the bound: merge the two lists' oldest by tick (T1 first on a tie),
+            # popping each list's head (hash, tick) and putting back what is left unused.
+            held: list[tuple[BlockHash, int]] = []  # T2's front blocks the request names
+            head_t1 = t1.popitem(last=False) if t1 else None
+            head_t2 = t2.popitem(last=False) if t2 else None
+            while head_t2 is not None and head_t2[1] == now and head_t2[0] in tail:
+                held.append(head_t2)
+                head_t2 = t2.popitem(last=False) if t2 else None
+            from_t2: list[BlockHash] = []
             for _ in range(n):
-                if head_t2 is _NONE or (head_t1 is not _NONE and t1[head_t1] <= t2[head_t2]):
-                    from_t1.append(head_t1)
-                    head_t1 = next(oldest_t1, _NONE)
+                if head_t2 is None or (head_t1 is not None and head_t1[1] <= head_t2[1]):
+                    from_t1.append(head_t1[0])
+                    head_t1 = t1.popitem(last=False) if t1 else None
                 else:
-                    from_t2.append(head_t2)
-                    head_t2 = next(oldest_t2, _NONE)
-            for block_hash in from_t1[merged_t1:]:
-                del t1[block_hash]
-            for block_hash in from_t2:
-                del t2[block_hash]
+                    from_t2.append(head_t2[0])
+                    head_t2 = t2.popitem(last=False) if t2 else None
+                    while head_t2 is not None and head_t2[1] == now and head_t2[0] in tail:
+                        held.append(head_t2)
+                        head_t2 = t2.popitem(last=False) if t2 else None
+            for resident, front in ((t1, [head_t1]), (t2, [*held, head_t2])):
+                for head in reversed(front):
+                    if head is not None:
+                        resident[head[0]] = head[1]
+                        resident.move_to_end(head[0], last=False)
             if from_t2:
                 self.b2.add_all(from_t2)
         if from_t1:
@@ -208,8 +225,9 @@ class MiniatureTuner:
         sampled = [block_hash for block_hash in chain if hash(block_hash) % sampling == 0]
         if not sampled:
             return self.leader
+        distinct = len(sampled) < 2 or len(set(sampled)) == len(sampled)
         miniatures = self.miniatures
-        self._add_spread([miniature.request(sampled) for miniature in miniatures])
+        self._add_spread([miniature.request(sampled, distinct) for miniature in miniatures])
         scores = [miniature.hits for miniature in miniatures]
         best = max(scores)
         if min(scores) == best:

@@ -34,10 +34,11 @@ def group_class(prefix: int, tail: int) -> int:
 
 
 def position_bucket(position: int) -> int:
-    return _POSITION_BUCKETS[position] if position < len(_POSITION_BUCKETS) else BUCKETS - 1
+    return POSITION_BUCKETS[position] if position < len(POSITION_BUCKETS) else BUCKETS - 1
 
 
-_POSITION_BUCKETS = tuple(bisect_right(POSITION_EDGES, p) for p in range(POSITION_EDGES[-1]))
+POSITION_BUCKETS = tuple(bisect_right(POSITION_EDGES, p) for p in range(POSITION_EDGES[-1]))
+"""The bucket of each position below the last edge (the rest are in the last bucket)."""
 
 
 class ReuseClasses:
@@ -57,13 +58,11 @@ class ReuseClasses:
     def __init__(self, capacity: int, memory: int, ticks: Sequence[float]) -> None:
         self.capacity = capacity
         self.memory = memory
-        self._ticks = ticks
-        self._heads: dict[
-            int, int
-        ] = {}  # class -> its oldest queued block, for the classes with any
+        self._ticks = ticks  # the policy's clock tick per block id, which ages are taken from
         self._queues = BlockLists(capacity, CLASSES)
         self._class_of = [-1] * capacity  # queued block -> its class, -1 when not queued
-        self.queued: dict[int, int] = {}  # class -> its queued blocks, for the classes with any
+        self._sizes = [0] * CLASSES  # queued blocks per class
+        self._heads: dict[int, int] = {}  # class -> its oldest block, for the classes with any
         # Stored, not yet seen again, oldest first (a dict would rescan its deleted front entries).
         self._remembered: OrderedDict[BlockHash, int] = OrderedDict()
         self._stored = [0.0] * CLASSES
@@ -71,14 +70,19 @@ class ReuseClasses:
         self._total_stored = 0.0
         self._total_reused = 0.0
 
+    @property
+    def queued(self) -> dict[int, int]:
+        """Queued blocks per class, for the classes with any."""
+        return {block_class: self._sizes[block_class] for block_class in self._heads}
+
     def add_all(
         self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash], classes: Sequence[int]
     ) -> None:
         """Blocks just stored join their classes as the most recent, in order."""
         newer, older = self._queues.newer, self._queues.older
-        first, class_of, queued, heads = self.capacity, self._class_of, self.queued, self._heads
-        remembered, memory = self._remembered, self.memory
-        stored, halve_at = self._stored, HALVE_AFTER * self.capacity
+        first, class_of, sizes, heads = self.capacity, self._class_of, self._sizes, self._heads
+        remembered, stored = self._remembered, self._stored
+        total, halve_at = self._total_stored, HALVE_AFTER * self.capacity
         for block_id, block_hash, block_class in zip(block_ids, block_hashes, classes):
             class_of[block_id] = block_class
             end = first + block_class
@@ -87,21 +91,20 @@ class ReuseClasses:
             older[block_id] = newest
             newer[block_id] = end
             older[end] = block_id
-            if block_class in queued:
-                queued[block_class] += 1
-            else:
-                queued[block_class] = 1
+            if not sizes[block_class]:
                 heads[block_class] = block_id
+            sizes[block_class] += 1
             remembered[block_hash] = block_class
-            if len(remembered) > memory:
-                remembered.popitem(last=False)
             stored[block_class] += 1
-            self._total_stored += 1
-            if self._total_stored > halve_at:
-                for counts in (self._stored, self._reused):
-                    counts[:] = [count / 2 for count in counts]
-                self._total_stored /= 2
+            total += 1
+            if total > halve_at:
+                stored[:] = [count / 2 for count in stored]
+                self._reused[:] = [count / 2 for count in self._reused]
+                total /= 2
                 self._total_reused /= 2
+        self._total_stored = total
+        for _ in range(len(remembered) - self.memory):  # the oldest go, as if after each add
+            remembered.popitem(last=False)
 
     def renew(self, block_id: int) -> None:
         """A queued block touched again (while its store is in flight) becomes the newest of its
@@ -125,7 +128,7 @@ class ReuseClasses:
     def leave_all(self, block_ids: Iterable[int]) -> None:
         """Blocks no longer seen once (hit, evicted, or removed); others are ignored."""
         newer, older = self._queues.newer, self._queues.older
-        class_of, queued, heads = self._class_of, self.queued, self._heads
+        class_of, sizes, heads = self._class_of, self._sizes, self._heads
         for block_id in block_ids:
             block_class = class_of[block_id]
             if block_class < 0:
@@ -134,14 +137,11 @@ class ReuseClasses:
             before, after = older[block_id], newer[block_id]
             newer[before] = after
             older[after] = before
-            left = queued[block_class] - 1
-            if left:
-                queued[block_class] = left
-                if heads[block_class] == block_id:
-                    heads[block_class] = after
-            else:
-                del queued[block_class]
+            sizes[block_class] -= 1
+            if not sizes[block_class]:
                 del heads[block_class]
+            elif heads[block_class] == block_id:
+                heads[block_class] = after
 
     def seen(self, block_hashes: Sequence[BlockHash]) -> None:
         """A touch named these hashes: remembered ones count as re-used, once."""
@@ -187,14 +187,13 @@ class ReuseClasses:
         """
         ticks, stored, reused = self._ticks, self._stored, self._reused
         prior = PRIOR * (self._total_reused / self._total_stored) if self._total_reused else 0.0
-        heap = [
-            (
-                (ticks[head] - now) * ((stored[c] + PRIOR) / (reused[c] + prior) if prior else 1.0),
-                c,
-                head,
-            )
-            for c, head in self._heads.items()
-        ]
+        if prior:  # slowness(), inlined
+            heap = [
+                ((ticks[head] - now) * ((stored[c] + PRIOR) / (reused[c] + prior)), c, head)
+                for c, head in self._heads.items()
+            ]
+        else:
+            heap = [((ticks[head] - now) * 1.0, c, head) for c, head in self._heads.items()]
         heapify(heap)
         newer, first = self._queues.newer, self.capacity
         taken: list[int] = []

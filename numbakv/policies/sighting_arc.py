@@ -12,7 +12,12 @@ from numbakv.policies.block_lists import BlockLists
 from numbakv.policies.chain_ends import ChainEndWatch
 from numbakv.policies.ghosts import GhostList
 from numbakv.policies.miniatures import MiniatureTuner, SightingMiniature, sampling_for
-from numbakv.policies.reuse_classes import ReuseClasses, group_class, position_bucket
+from numbakv.policies.reuse_classes import (
+    BUCKETS,
+    POSITION_BUCKETS,
+    ReuseClasses,
+    group_class,
+)
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
@@ -129,6 +134,7 @@ class SightingARCPolicy(CachePolicy):
         in_b1, in_b2 = b1.members, b2.members
         to_t2 = t2_end if self.returns_to_t2 else t1_end
         once_ids, once_hashes, once_classes = [], [], []
+        len_buckets = len(POSITION_BUCKETS)
         for position in range(count - 1, -1, -1):  # last stored first: the lowest tick
             block_hash, block_id = block_hashes[position], block_ids[position]
             end = t1_end
@@ -141,7 +147,10 @@ class SightingARCPolicy(CachePolicy):
             if end == t1_end:
                 once_ids.append(block_id)
                 once_hashes.append(block_hash)
-                once_classes.append(class_base + position_bucket(position))
+                once_classes.append(
+                    class_base
+                    + (POSITION_BUCKETS[position] if position < len_buckets else BUCKETS - 1)
+                )
             newest = older[end]
             newer[newest] = block_id
             older[block_id] = newest
