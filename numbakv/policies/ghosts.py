@@ -64,22 +64,21 @@ class GhostList:
 
     def refresh(self, block_hash: BlockHash) -> None:
         """A member becomes the newest."""
-        stale = self._stale
-        stale[block_hash] = stale.get(block_hash, 0) + 1
         self._order.append(block_hash)
-        self._compact_if_stale()
+        self._leave_place(block_hash)
 
     def remove(self, block_hash: BlockHash) -> None:
         """Remove a member."""
         self.members.remove(block_hash)
+        self._leave_place(block_hash)
+
+    def _leave_place(self, block_hash: BlockHash) -> None:
+        """A member's place in the deque goes stale."""
         stale = self._stale
         stale[block_hash] = stale.get(block_hash, 0) + 1
-        self._compact_if_stale()
-
-    def _compact_if_stale(self) -> None:
         if len(self._order) > len(self.members) + self.limit:
             self._order = deque(self)
-            self._stale.clear()
+            stale.clear()
 
     def clear(self) -> None:
         self.members.clear()

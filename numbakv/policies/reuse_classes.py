@@ -197,10 +197,11 @@ class ReuseClasses:
         heapify(heap)
         newer, first = self._queues.newer, self.capacity
         taken: list[int] = []
-        while heap and len(taken) < count:
+        while heap and count:
             _, block_class, head = heap[0]
             if not (pinned[head] or hash_of[head] in protected):
                 taken.append(head)
+                count -= 1
             end = first + block_class
             head = newer[head]
             while head != end and (pinned[head] or hash_of[head] in protected):

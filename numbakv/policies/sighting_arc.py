@@ -243,40 +243,38 @@ class SightingARCPolicy(CachePolicy):
         ticks, pinned, hash_of, reuse = self._tick, self.ref_counts, self._hash_of, self.reuse
         newer, older = self._lists.newer, self._lists.older
         t1_end, t2_end = self._t1_end, self._t2_end
-
-        def idle(node: int, end: int) -> int:
-            """The first evictable block from `node` on towards the new end, else `end`."""
-            while node != end and (pinned[node] or hash_of[node] in protected):
-                node = newer[node]
-            return node
-
         t1_left, p = self._t1_size, self.p
         over_bound = 0  # the first rounds, while what is left of T1 is over p, all take from T1
         while over_bound < n and t1_left - over_bound > p:
             over_bound += 1
         chosen_t1: list[int] = []
-        if reuse is not None and over_bound:
+        if reuse is not None:
             now = self._clock
             self._clock = now + 1
-            chosen_t1 = reuse.take_victims(over_bound, now, pinned, hash_of, protected)
-        elif reuse is not None:
-            self._clock += 1
+            if over_bound:
+                chosen_t1 = reuse.take_victims(over_bound, now, pinned, hash_of, protected)
         by_class = set(chosen_t1)  # the walk from T1's old end skips these
-        head_t1, head_t2 = idle(newer[t1_end], t1_end), idle(newer[t2_end], t2_end)
         chosen_t2: list[int] = []
+        # Walk each list from its old end, past blocks that may not leave (ref count not 0,
+        # named in the call, or taken by class).
+        head_t1, head_t2 = newer[t1_end], newer[t2_end]
         for _ in range(n - len(chosen_t1)):
-            while head_t1 in by_class:
-                head_t1 = idle(newer[head_t1], t1_end)
+            while head_t1 != t1_end and (
+                pinned[head_t1] or head_t1 in by_class or hash_of[head_t1] in protected
+            ):
+                head_t1 = newer[head_t1]
+            while head_t2 != t2_end and (pinned[head_t2] or hash_of[head_t2] in protected):
+                head_t2 = newer[head_t2]
             if head_t1 != t1_end and (
                 head_t2 == t2_end
                 or t1_left - len(chosen_t1) > p
                 or ticks[head_t1] <= ticks[head_t2]
             ):
                 chosen_t1.append(head_t1)
-                head_t1 = idle(newer[head_t1], t1_end)
+                head_t1 = newer[head_t1]
             else:
                 chosen_t2.append(head_t2)
-                head_t2 = idle(newer[head_t2], t2_end)
+                head_t2 = newer[head_t2]
         # Lists change only now: the walks above read them.
         where = self._where
         victims = [(hash_of[block_id], block_id) for block_id in chosen_t1 + chosen_t2]
