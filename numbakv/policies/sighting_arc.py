@@ -134,9 +134,10 @@ class SightingARCPolicy(CachePolicy):
         in_b1, in_b2 = b1.members, b2.members
         to_t2 = t2_end if self.returns_to_t2 else t1_end
         once_ids, once_hashes, once_classes = [], [], []
-        len_buckets = len(POSITION_BUCKETS)
-        for position in range(count - 1, -1, -1):  # last stored first: the lowest tick
-            block_hash, block_id = block_hashes[position], block_ids[position]
+        bucketed = len(POSITION_BUCKETS)
+        position = count  # counts down: the last stored goes first, with the lowest tick
+        for block_hash, block_id in zip(reversed(block_hashes), reversed(block_ids)):
+            position -= 1
             end = t1_end
             if block_hash in in_b1:
                 b1.remove(block_hash)
@@ -149,18 +150,18 @@ class SightingARCPolicy(CachePolicy):
                 once_hashes.append(block_hash)
                 once_classes.append(
                     class_base
-                    + (POSITION_BUCKETS[position] if position < len_buckets else BUCKETS - 1)
+                    + (POSITION_BUCKETS[position] if position < bucketed else BUCKETS - 1)
                 )
             newest = older[end]
             newer[newest] = block_id
             older[block_id] = newest
             newer[block_id] = end
             older[end] = block_id
-            where[block_hash] = block_id
             hash_of[block_id] = block_hash
             tick[block_id] = clock
             clock += 1
             home[block_id] = end
+        where.update(zip(block_hashes, block_ids))
         self._t1_size += len(once_ids)
         self._t2_size += count - len(once_ids)
         if reuse is not None:
