@@ -259,8 +259,9 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
 def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     hits = report.gpu_hits + report.host_hits
-    built_in = f"built-in multi-turn chat, {config.sessions} sessions"
-    print(f"workload       {config.trace or built_in}", file=out)
+    source = config.trace or f"built-in multi-turn chat, {config.sessions} sessions"
+    first = f", its first {config.requests:,} requests" if config.requests else ""
+    print(f"workload       {source}{first}", file=out)
     print(
         f"cache          {config.gpu_blocks} GPU blocks, {config.host_blocks} host blocks "
         f"({config.policy}, {config.mode} offload), {report.block_bytes:,} bytes a block",
