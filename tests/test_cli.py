@@ -16,6 +16,7 @@ from dashboards import generate
 from numbakv import demo, replay, workloads
 from numbakv.progress import Progress
 from numbakv.traces import read_hash_chains
+from tests.replaying import interrupted_at
 
 BIG = "999999999999999999999"
 # (command, arguments, text the error must show: the flag and what it got). "{dir}" is a directory
@@ -124,17 +125,7 @@ def test_every_option_has_help_with_its_default(command):
 
 
 def test_replay_ctrl_c_ends_with_one_line_and_the_partial_table(monkeypatch, capsys):
-    calls = 0
-    real = numbakv.replay.replay_request
-
-    def interrupted_in_the_second_run(manager, chain):
-        nonlocal calls
-        calls += 1
-        if calls == 9000:
-            raise KeyboardInterrupt
-        return real(manager, chain)
-
-    monkeypatch.setattr(numbakv.replay, "replay_request", interrupted_in_the_second_run)
+    monkeypatch.setattr(numbakv.replay, "replay_request", interrupted_at(9000))  # in run 2
     status = replay.main(["--policy", "lru,arc", "--capacity", "1000", "--json"])
     assert status == 130
     out, err = capsys.readouterr()

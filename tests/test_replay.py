@@ -11,6 +11,7 @@ from numbakv import POLICIES, CPUOffloadingManager
 from numbakv.replay import ReplayInterrupted, main, replay, replay_grid, replay_request
 from numbakv.traces import SAMPLE_TRACES, TraceRequest, read_hash_chains, write_trace
 from numbakv.workloads import mixed_traffic
+from tests.replaying import interrupted_at
 
 MOONCAKE = SAMPLE_TRACES["mooncake_conversation"]
 
@@ -42,16 +43,7 @@ def test_a_capacity_beyond_the_trace_is_an_unbounded_cache(policy):
 
 
 def test_ctrl_c_carries_the_runs_so_far(monkeypatch):
-    calls = 0
-
-    def interrupted_at_the_150th_request(manager, chain):
-        nonlocal calls
-        calls += 1
-        if calls == 150:
-            raise KeyboardInterrupt
-        return replay_request(manager, chain)
-
-    monkeypatch.setattr(numbakv.replay, "replay_request", interrupted_at_the_150th_request)
+    monkeypatch.setattr(numbakv.replay, "replay_request", interrupted_at(150))
     with pytest.raises(ReplayInterrupted) as info:
         replay_grid([[block] for block in range(100)], ["lru"], [10, 20, 30])
     assert isinstance(info.value, KeyboardInterrupt)  # callers catching Ctrl-C still do
