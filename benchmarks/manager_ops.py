@@ -24,7 +24,6 @@ from numbakv.workloads import multi_turn_chat
 
 CHAIN = 32  # blocks per call, about one 16k-token prompt of 512-token blocks
 FILLS = 6  # capacities stored before memory is measured: sarc remembers the last 5
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation.jsonl"
 
 
 def chains_of(first: int, count: int) -> list[list[int]]:
@@ -143,8 +142,7 @@ def main() -> None:
             print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
 
     workloads = {"multi_turn_chat x10": [r.hash_ids for r in multi_turn_chat(sessions=15_000)]}
-    if SHARED_TRACE.exists():
-        workloads["mooncake_conversation"] = read_hash_chains(SHARED_TRACE)
+    workloads["mooncake_conversation"] = read_hash_chains("mooncake_conversation")  # shipped
     print("replay: manager vs bare OrderedDict LRU loop")
     for name, chains in workloads.items():
         references = sum(map(len, chains))
