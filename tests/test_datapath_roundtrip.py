@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine
+from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine, kernels
 from tests.datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
 
 NUM_HOST_BLOCKS = 6
@@ -134,4 +134,31 @@ def test_long_chunks_take_the_unrolled_loop_and_its_tail(head_size):
         dtype=np.float32,
     )
     assert cache.layout.chunk_bytes // cache.layout.word.itemsize in (165, 300)
+    _round_trip(cache, rng, count=3)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_size", "word", "pieces"),
+    [
+        (np.float32, 1100, np.uint64, 2),
+        (np.int8, 4099, np.uint8, 2),
+        (np.float64, 1024, np.uint64, 2),
+    ],
+)
+def test_chunks_longer_than_a_piece_are_split_and_stay_exact(dtype, head_size, word, pieces):
+    """Chunks over 4 KiB are copied as several work items, the last one possibly short."""
+    rng = np.random.default_rng(head_size)
+    cache = make_cache(
+        LayoutKind.MLA,
+        rng,
+        num_layers=2,
+        num_blocks=4,
+        block_size=1,
+        head_size=head_size,
+        dtype=dtype,
+    )
+    assert cache.layout.word == np.dtype(word)
+    chunk_words = cache.layout.chunk_bytes // cache.layout.word.itemsize
+    piece = kernels.piece_words(chunk_words, cache.layout.word)
+    assert -(-chunk_words // piece) == pieces
     _round_trip(cache, rng, count=3)
