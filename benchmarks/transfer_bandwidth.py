@@ -9,7 +9,8 @@ one process, side by side:
 - peers: one cudaMemcpyAsync per block and layer issued from Python, and what a torch user writes
   instead (an index gather per layer into a GPU staging buffer, then one pinned copy; loads the
   other way round), when torch is installed;
-- the host time of one `submit`, for the whole job and for 16 blocks.
+- the host time of one `submit`, for the whole job and for 16 blocks (and for 16 blocks with the
+  launch left out, which on the simulator is submit's Python alone).
 Then a per-step job (16 blocks, 32 layers, 16 KiB chunks), submit to completion as an engine that
 polls `get_finished` sees it, and through `wait`. The DMA ceiling is one large contiguous pinned
 copy in each direction, in the same run. Prints a table and writes JSON.
@@ -53,7 +54,7 @@ FULL = {
     "threads_per_block": 1024,
     "repeats": 5,
     "naive_copies": 4096,
-    "submits": 200,
+    "submits": 50,
     "per_step": {"blocks": 16, "layers": 32, "chunk": 16384, "repeats": 100},
 }
 SMOKE = {
@@ -184,6 +185,25 @@ class ChunkBench:
             engine.wait(job)
         engine.get_finished()
         return statistics.median(times[1:])
+
+    def submit_seconds_without_launch(self, submits: int, blocks: int) -> float:
+        """The same with the kernel launch replaced by nothing: submit's cost before the launch
+        (on the simulator, where records and uploads do nothing either, its Python alone)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+        for lane in engine._lanes.values():  # a measurement's seam, not an API
+            lane.launch = lambda grid, count: None
+        rounds = []
+        for _ in range(5):
+            times = []
+            for _ in range(submits):
+                job = self.job_id()
+                started = time.perf_counter()
+                engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
+                times.append(time.perf_counter() - started)
+                engine.wait(job)
+                engine.get_finished()
+            rounds.append(statistics.median(times))
+        return min(rounds)
 
     def submit_to_completion(self, repeats: int) -> dict:
         """Per-step jobs, from before `submit` to completion: seen by polling `get_finished` (as
@@ -333,6 +353,10 @@ def run(config: dict, out: Path) -> dict:
         "job_bytes": bench.job_bytes,
         **bench.submit_to_completion(step["repeats"]),
         "submit_us_median": bench.submit_seconds(step["repeats"], step["blocks"]) * 1e6,
+        "submit_us_median_without_launch": bench.submit_seconds_without_launch(
+            config["submits"], step["blocks"]
+        )
+        * 1e6,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
@@ -388,7 +412,8 @@ def print_table(report: dict) -> None:
         f"store {step['store_poll_gbps']:.1f} GB/s ({_ratio(step['store_poll_gbps'], ceiling['d2h'])}), "
         f"load {step['load_poll_gbps']:.1f} GB/s ({_ratio(step['load_poll_gbps'], ceiling['h2d'])}) "
         f"polling; with wait: store {step['store_wait_gbps']:.1f}, load {step['load_wait_gbps']:.1f}; "
-        f"submit {step['submit_us_median']:.1f} us median"
+        f"submit {step['submit_us_median']:.1f} us median "
+        f"({step['submit_us_median_without_launch']:.1f} us without the launch)"
     )
 
 

@@ -24,6 +24,7 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
         assert key in row
     step = report["per_step"]
     assert step["job_bytes"] == 2 * 2 * 512  # 2 blocks x 2 layers x 512 bytes
+    assert step["submit_us_median_without_launch"] > 0
     for direction in ("store", "load"):
         assert {f"{direction}_poll_gbps", f"{direction}_wait_gbps"} <= set(step)
     out = capsys.readouterr().out
