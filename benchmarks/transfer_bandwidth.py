@@ -17,6 +17,7 @@ copy in each direction, in the same run. Prints a table and writes JSON.
 
     python benchmarks/transfer_bandwidth.py                 # on a GPU: the full configuration
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --smoke   # a tiny check anywhere
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --submit-cost   # submit's Python
 """
 
 from __future__ import annotations
@@ -428,10 +429,25 @@ def main() -> None:
     parser.add_argument(
         "--threads-per-block", type=int, help="override the configuration's threads per block"
     )
+    parser.add_argument(
+        "--submit-cost",
+        action="store_true",
+        help="only submit's cost for the per-step job, the launch left out (best of 5 rounds)",
+    )
     parser.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile_probe:
         print(json.dumps(compile_probe()))
+        return
+    if args.submit_cost:
+        step = FULL["per_step"]
+        bench = ChunkBench(step["chunk"], step["layers"], step["blocks"], 1024, None)
+        seconds = bench.submit_seconds_without_launch(200, step["blocks"])
+        print(
+            f"submit of {step['blocks']} blocks x {step['layers']} layers x "
+            f"{step['chunk'] // 1024} KiB, launch left out: {seconds * 1e6:.1f} us median "
+            f"(best of 5 rounds of 200; simulator: {ON_SIMULATOR})"
+        )
         return
     config = dict(SMOKE if args.smoke else FULL)
     if args.threads_per_block:
