@@ -19,6 +19,7 @@ on the path of every step (numba-cuda 0.30 needs NumPy < 2.5; the tests need Fas
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -181,6 +182,8 @@ def run_step(name: str, command: list[str], log) -> dict:
 def run_tests(work: Path, log) -> dict:
     junit = work / "pytest.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if importlib.util.find_spec("pytest_timeout"):  # a hung test fails alone, the rest still run
+        command.append("--timeout=90")
     step = run_step("tests", [*command, f"--junitxml={junit}"], log)
     if junit.exists():
         step.update(junit_summary(junit))

@@ -174,37 +174,31 @@ class ChunkBench:
             walls.append(time.perf_counter() - started)
         return gbps(2 * self.job_bytes, statistics.median(walls[1:]))
 
-    def submit_seconds(self, submits: int, blocks: int) -> float:
-        """Median host time of one submit of `blocks` blocks (validation, ids, records, launch)."""
-        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+    def _submit_times(self, engine: TransferEngine, submits: int, blocks: int) -> list[float]:
+        """Host seconds of each of `submits` submits of `blocks` blocks, one job at a time."""
         times = []
-        for _ in range(submits + 1):
+        for _ in range(submits):
             job = self.job_id()
             started = time.perf_counter()
             engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
             times.append(time.perf_counter() - started)
             engine.wait(job)
-        engine.get_finished()
-        return statistics.median(times[1:])
+            engine.get_finished()
+        return times
+
+    def submit_seconds(self, submits: int, blocks: int) -> float:
+        """Median host time of one submit of `blocks` blocks (validation, ids, records, launch)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+        return statistics.median(self._submit_times(engine, submits + 1, blocks)[1:])
 
     def submit_seconds_without_launch(self, submits: int, blocks: int) -> float:
-        """The same with the kernel launch replaced by nothing: submit's cost before the launch
-        (on the simulator, where records and uploads do nothing either, its Python alone)."""
+        """The same with the kernel launch replaced by nothing, best of 5 rounds: submit's cost
+        before the launch (on the simulator, where records and uploads do nothing either, its
+        Python alone)."""
         engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
         for lane in engine._lanes.values():  # a measurement's seam, not an API
             lane.launch = lambda grid, count: None
-        rounds = []
-        for _ in range(5):
-            times = []
-            for _ in range(submits):
-                job = self.job_id()
-                started = time.perf_counter()
-                engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
-                times.append(time.perf_counter() - started)
-                engine.wait(job)
-                engine.get_finished()
-            rounds.append(statistics.median(times))
-        return min(rounds)
+        return min(statistics.median(self._submit_times(engine, submits, blocks)) for _ in range(5))
 
     def submit_to_completion(self, repeats: int) -> dict:
         """Per-step jobs, from before `submit` to completion: seen by polling `get_finished` (as

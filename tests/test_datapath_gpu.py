@@ -142,37 +142,31 @@ def test_unaligned_layers_round_trip(torch):
     )
 
 
-def test_a_store_waits_for_the_stream_it_is_given(torch):
+def _copies_behind_a_sleep(torch, targets, sources):
+    """Work the transfers must be ordered against: a side stream that sleeps, then copies each of
+    `sources` into its target. Returns the stream and an event recorded after the copies."""
+    torch.cuda.synchronize()
+    side, done = torch.cuda.Stream(), torch.cuda.Event()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for target, source in zip(targets, sources):
+            target.copy_(source)
+        done.record()
+    return side, done
+
+
+@pytest.mark.parametrize("wait_on", ["stream", "event"])
+def test_a_store_waits_for_what_it_is_given(torch, wait_on):
     """The blocks are rewritten on a side stream behind a long sleep; the store reads new bytes."""
     tensors, pool, engine = _setup(torch)
     newer = [_random_tensor(torch, t.shape, t.dtype) for t in tensors]
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        for tensor, new in zip(tensors, newer):
-            tensor.copy_(new)
+    side, written = _copies_behind_a_sleep(torch, tensors, newer)
     ids = np.arange(0, 2 * NUM_HOST_BLOCKS, 2)[:NUM_HOST_BLOCKS]
-    engine.submit(1, "store", ids, np.arange(NUM_HOST_BLOCKS), wait_event=side)
+    wait_event = side if wait_on == "stream" else written
+    engine.submit(1, "store", ids, np.arange(NUM_HOST_BLOCKS), wait_event=wait_event)
     assert engine.wait(1)
     expected = _blocks_as_bytes(torch, LayoutKind.FLASH_ATTN, newer, ids)
     np.testing.assert_array_equal(pool.blocks, expected)
-
-
-def test_a_torch_event_orders_a_store_too(torch):
-    tensors, pool, engine = _setup(torch)
-    newer = [_random_tensor(torch, t.shape, t.dtype) for t in tensors]
-    torch.cuda.synchronize()
-    side, written = torch.cuda.Stream(), torch.cuda.Event()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        for tensor, new in zip(tensors, newer):
-            tensor.copy_(new)
-        written.record()
-    engine.submit(1, "store", np.arange(8), np.arange(8), wait_event=written)
-    assert engine.wait(1)
-    expected = _blocks_as_bytes(torch, LayoutKind.FLASH_ATTN, newer, np.arange(8))
-    np.testing.assert_array_equal(pool.blocks[:8], expected)
 
 
 def test_transfers_do_not_wait_for_the_default_stream(torch):
@@ -196,12 +190,7 @@ def test_a_load_waits_for_kernels_still_reading_its_blocks(torch):
     ids = np.arange(16)
     original = _blocks_as_bytes(torch, LayoutKind.FLASH_ATTN, tensors, ids)
     snapshots = [torch.empty_like(t) for t in tensors]
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        for snapshot, tensor in zip(snapshots, tensors):
-            snapshot.copy_(tensor)
+    side, _ = _copies_behind_a_sleep(torch, snapshots, tensors)
     engine.submit(1, "load", ids, ids, wait_event=side)
     assert engine.wait(1)
     torch.cuda.synchronize()
@@ -216,10 +205,7 @@ def test_reads_after_a_late_load_wait_for_its_completion_event(torch):
     load's completion event, reads the loaded bytes and not the ones before."""
     tensors, pool, engine = _setup(torch)
     ids = np.arange(16)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(SLEEP_CYCLES)
+    side, _ = _copies_behind_a_sleep(torch, [], [])
     engine.submit(1, "load", ids, ids, wait_event=side)
     engine.completion_event(1).wait(_numba_stream(torch))
     loaded = _blocks_as_bytes(torch, LayoutKind.FLASH_ATTN, tensors, ids)

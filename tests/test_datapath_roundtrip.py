@@ -120,33 +120,17 @@ def test_host_pool_reports_size_and_pinning_time():
         HostPool(num_blocks=0, block_bytes=40)
 
 
-@pytest.mark.parametrize("head_size", [330, 600])
-def test_long_chunks_take_the_unrolled_loop_and_its_tail(head_size):
-    """Chunks of 165 and 300 words: the four-at-a-time loop runs, then the one-at-a-time tail."""
-    rng = np.random.default_rng(head_size)
-    cache = make_cache(
-        LayoutKind.MLA,
-        rng,
-        num_layers=2,
-        num_blocks=4,
-        block_size=1,
-        head_size=head_size,
-        dtype=np.float32,
-    )
-    assert cache.layout.chunk_bytes // cache.layout.word.itemsize in (165, 300)
-    _round_trip(cache, rng, count=3)
-
-
 @pytest.mark.parametrize(
-    ("dtype", "head_size", "word", "pieces"),
+    ("dtype", "head_size", "chunk_words", "pieces"),
     [
-        (np.float32, 1100, np.uint64, 2),
-        (np.int8, 4099, np.uint8, 2),
-        (np.float64, 1024, np.uint64, 2),
+        (np.float32, 330, 165, 1),  # the four-at-a-time loop, then the one-at-a-time tail
+        (np.float32, 600, 300, 1),
+        (np.float32, 1100, 550, 2),  # over 4 KiB: two work items, the second short
+        (np.int8, 4099, 4099, 2),  # the byte path: a 4 KiB piece and 3 bytes
+        (np.float64, 1024, 1024, 2),  # exactly two pieces
     ],
 )
-def test_chunks_longer_than_a_piece_are_split_and_stay_exact(dtype, head_size, word, pieces):
-    """Chunks over 4 KiB are copied as several work items, the last one possibly short."""
+def test_long_chunks_stay_exact(dtype, head_size, chunk_words, pieces):
     rng = np.random.default_rng(head_size)
     cache = make_cache(
         LayoutKind.MLA,
@@ -157,8 +141,7 @@ def test_chunks_longer_than_a_piece_are_split_and_stay_exact(dtype, head_size, w
         head_size=head_size,
         dtype=dtype,
     )
-    assert cache.layout.word == np.dtype(word)
-    chunk_words = cache.layout.chunk_bytes // cache.layout.word.itemsize
-    piece = kernels.piece_words(chunk_words, cache.layout.word)
-    assert -(-chunk_words // piece) == pieces
+    layout = cache.layout
+    assert layout.chunk_bytes // layout.word.itemsize == chunk_words
+    assert -(-chunk_words // kernels.piece_words(chunk_words, layout.word)) == pieces
     _round_trip(cache, rng, count=3)
