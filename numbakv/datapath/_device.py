@@ -113,8 +113,8 @@ def new_stream() -> Any:
     """
     if ON_SIMULATOR:
         return cuda.stream()
+    deallocations = cuda.current_context().deallocations  # also makes a context current
     handle = driver.cuStreamCreate(binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
-    deallocations = cuda.current_context().deallocations
     return Stream(handle, finalizer=_stream_finalizer(deallocations, handle))
 
 
@@ -125,8 +125,8 @@ def new_event(*, timing: bool = True, blocking: bool = False) -> Any:
     flags = 0 if timing else int(binding.CUevent_flags.CU_EVENT_DISABLE_TIMING)
     if blocking:
         flags |= int(binding.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+    deallocations = cuda.current_context().deallocations  # also makes a context current
     handle = driver.cuEventCreate(flags)
-    deallocations = cuda.current_context().deallocations
     return Event(handle, finalizer=_event_finalizer(deallocations, handle))
 
 
@@ -160,7 +160,9 @@ def device_address(array: Any) -> int:
     return int(interface["data"][0])
 
 
-def upload(device: Any, device_at: int, host: np.ndarray, host_at: int, count: int, stream: int):
+def upload(
+    device: Any, device_at: int, host: np.ndarray, host_at: int, count: int, stream: int
+) -> None:
     """Copy `host[:count]` (pinned, at `host_at`) into `device[:count]` (at `device_at`),
     asynchronously on `stream`."""
     if ON_SIMULATOR:

@@ -181,6 +181,7 @@ def _check_devices(interfaces: list[dict]) -> int:
     """The one CUDA device every layer lives on, which must be the current one: the arena and the
     kernels belong to the current context, and another device's memory is an illegal address there.
     """
+    current = current_device_id()  # first: a context must be current to ask about pointers
     devices = []
     for layer, interface in enumerate(interfaces):
         try:
@@ -192,7 +193,6 @@ def _check_devices(interfaces: list[dict]) -> int:
                 f"layer {layer} is on CUDA device {devices[layer]}, layer 0 on device "
                 f"{devices[0]}: every layer must be on one device"
             )
-    current = current_device_id()
     if devices[0] != current:
         raise ValueError(
             f"the KV cache is on CUDA device {devices[0]} but the current device is {current}: "
