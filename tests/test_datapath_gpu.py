@@ -268,6 +268,13 @@ def test_a_store_and_a_load_overlap(torch):
     assert both_ms < 0.8 * (store_ms + load_ms), (store_ms, load_ms, both_ms)
 
 
+def test_launches_go_straight_to_the_driver(torch, recwarn):
+    """The fast launch is prepared on this numba-cuda (its fallback would only warn)."""
+    _, _, engine = _setup(torch, num_host_blocks=8)
+    assert all(lane.launch.uses_driver_launch for lane in engine._lanes.values())
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 FAULT = """
     import numpy as np
     from numba import cuda

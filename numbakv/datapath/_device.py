@@ -11,6 +11,7 @@ becomes a NumPy view wrapped as a simulated device array, and ordering calls hav
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Any
 
 import numpy as np
@@ -180,19 +181,34 @@ class Launcher:
     Numba's launch path rebuilds about 30 kernel parameters from Python objects on every call.
     Here Numba prepares them once (its own `_prepare_args`, so they match its lowering exactly),
     they are packed into a parameter block, and a launch rewrites only the count before one
-    `cuLaunchKernel`.
+    `cuLaunchKernel`. That leans on numba-cuda internals: where they differ from what this was
+    written against (0.30), it warns once and launches through Numba's own path, slower but right.
+    The simulator always takes Numba's path.
     """
 
     def __init__(
         self, kernel: Any, args: tuple, count_position: int, threads_per_block: int, stream: Any
     ) -> None:
+        self._kernel = kernel
         self._stream = stream
         self._threads = threads_per_block
         self._args = list(args)  # also keeps every argument's memory alive
         self._count_position = count_position
+        self._function = None  # set when the driver launch is prepared
         if ON_SIMULATOR:
-            self._kernel = kernel
             return
+        try:
+            self._prepare_driver_launch(kernel, args, count_position)
+        except (AttributeError, TypeError, ValueError, NotImplementedError, StopIteration) as error:
+            warnings.warn(
+                "numbakv: this numba-cuda's kernel internals differ from what the fast launch "
+                f"expects ({type(error).__name__}: {error}); launching through Numba's own path, "
+                "which adds tens of microseconds to each submit",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def _prepare_driver_launch(self, kernel: Any, args: tuple, count_position: int) -> None:
         compiled = next(iter(kernel.overloads.values()))
         values: list = []
         for position, (numba_type, value) in enumerate(zip(compiled.argument_types, args)):
@@ -205,14 +221,19 @@ class Launcher:
             *(base + 8 * i for i in range(len(values)))
         )
         self._pointers_at = ctypes.addressof(self._pointers)
+        self._stream_handle = int(self._stream.handle)
         handle = compiled._codelibrary.get_cufunc().handle
         if isinstance(handle, binding.CUkernel):  # library-loaded: this context's function
             handle = driver.cuKernelGetFunction(handle)
         self._function = handle
-        self._stream_handle = int(stream.handle)
+
+    @property
+    def uses_driver_launch(self) -> bool:
+        """Whether launches skip Numba's per-call argument handling."""
+        return self._function is not None
 
     def __call__(self, grid: int, count: int) -> None:
-        if ON_SIMULATOR:
+        if self._function is None:
             self._args[self._count_position] = count
             self._kernel[grid, self._threads, self._stream](*self._args)
             return
