@@ -201,3 +201,20 @@ def test_replay_through_the_adapter_hits_as_numbakv_replay_for_any_trace(
     assert BENCH.connector_replay(manager, keyed) == expected.hits
     stats = manager.manager.stats()
     assert stats.being_stored == stats.being_read == 0
+
+
+def test_the_spec_sizes_the_host_tier_as_vllms_cpu_tier_does():
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+    from tests.vllm_support import offloading_config
+
+    # Two workers of 4096 bytes a block, chunks of two blocks: 16,384 bytes a chunk.
+    config = offloading_config(
+        {"cpu_bytes_to_use": 10 * 16_384 + 16_383, "blocks_per_chunk": 2, "store_threshold": 2},
+        worker_kv_bytes_per_block=4096,
+        world_size=2,
+    )
+    spec = NumbaKVOffloadingSpec(config)
+    assert (spec.num_chunks, spec.kv_bytes_per_chunk) == (10, 16_384)
+    manager = spec.get_manager().manager
+    assert (manager.num_blocks, manager.store_threshold, manager.policy_name) == (10, 2, "lru")
+    assert spec.get_manager() is spec.get_manager()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vllm import __version__ as vllm_version
 from vllm.logger import init_logger
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from numbakv.integrations.vllm.config import Settings, host_chunks
@@ -18,7 +18,7 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics, metrics_enabled, multiprocess_mode
 from numbakv.simulator import simulate_without_gpu
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
 
 TESTED_VLLM = "0.32.0"
 
@@ -41,7 +41,7 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
         )
         self.num_chunks = host_chunks(self.settings, self.kv_bytes_per_chunk)
         self._manager: NumbaKVOffloadingManager | None = None
-        self._worker = None
+        self._worker: OffloadingWorker | None = None
 
     def get_manager(self) -> NumbaKVOffloadingManager:
         if self._manager is None:
@@ -65,7 +65,7 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
             )
         return self._manager
 
-    def get_worker(self, kv_caches: CanonicalKVCaches):
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
             on_simulator = simulate_without_gpu()  # before the data path first imports Numba CUDA
             from numbakv.integrations.vllm.worker import NumbaKVOffloadingWorker

@@ -24,7 +24,7 @@ from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.transfers import ChunkTransfers, torch_block_arrays
 from numbakv.metrics import OffloadMetrics
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
 
 SIMULATOR_ENGINE_OPTIONS = {"threads_per_block": 32, "max_thread_blocks": 2}
 """The simulator interprets every thread in Python: one warp in two thread blocks keeps it quick."""
