@@ -126,7 +126,9 @@ class ChunkTransfers:
         """Queue one job: group g's `group_sizes[g]` GPU blocks, the first being block
         `block_indices[g]` of its request, to or from the chunks that hold them, in order.
 
-        Raises (ValueError, IndexError, TypeError) with nothing queued if the job does not fit.
+        Raises (ValueError, IndexError, TypeError) if the job does not fit, checked before any
+        memory is touched; should a later group's part be refused by its engine, the parts already
+        queued are waited for, and the job is never reported.
         """
         direction = Direction(direction)
         if job_id in self._jobs:
