@@ -76,6 +76,7 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 self.num_chunks,
                 self.settings,
                 on_simulator,
+                self.num_chunks * self.blocks_per_chunk * self.config.worker_kv_bytes_per_block,
                 self._metrics(None, f"worker{self.config.parallel.rank}"),
             )
         return self._worker

@@ -45,9 +45,11 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
         num_chunks: int,
         settings: Settings,
         on_simulator: bool,
+        host_budget: int,
         metrics: OffloadMetrics | None = None,
     ) -> NumbaKVOffloadingWorker:
-        """Reach vLLM's KV caches zero-copy and pin a host pool of `num_chunks` chunks."""
+        """Reach vLLM's KV caches zero-copy and pin host pools of `num_chunks` chunks, meant to
+        take `host_budget` bytes (this worker's share of `cpu_bytes_to_use`)."""
         arrays, compute_stream = torch_block_arrays(
             [entry.tensor for entry in kv_caches.tensors],
             [entry.page_size_bytes for entry in kv_caches.tensors],
@@ -77,6 +79,14 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
             transfers.host_bytes / 2**30,
             "the CUDA simulator" if on_simulator else "the GPU",
         )
+        if transfers.host_bytes > host_budget:
+            logger.warning(
+                "numbakv: the KV cache groups' blocks come in %d sizes, and each size has its own "
+                "host pool: %.2f GiB pinned where cpu_bytes_to_use gives this worker %.2f GiB",
+                len(transfers.pools),
+                transfers.host_bytes / 2**30,
+                host_budget / 2**30,
+            )
         return cls(transfers, metrics)
 
     def submit_store(
