@@ -107,6 +107,7 @@ def test_a_store_waits_for_the_compute_stream_it_was_submitted_on():
 def test_a_store_overlaps_compute_running_on_another_stream():
     tensors = _canonical_tensors(seed=8)
     transfers = _transfers(tensors, 1)
+    torch.cuda.synchronize()  # the blocks are written: the store depends on nothing queued
     busy, idle = torch.cuda.Stream(), torch.cuda.Stream()
     done = torch.cuda.Event()
     with torch.cuda.stream(busy):
