@@ -35,9 +35,13 @@ def run_engine_process(code: str, directory, *args: str) -> str:
 
 
 def merged_samples(directory) -> dict:
-    metrics, state = MetricsDirectory(str(directory)).read()
-    assert state.problem is None, state
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for m in metrics for s in m.samples}
+    reading = MetricsDirectory(str(directory)).read()
+    assert not reading.state.problems, reading.state
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in reading.metrics
+        for s in m.samples
+    }
 
 
 def test_two_writers_with_distinct_instances_are_kept_apart(tmp_path):
@@ -70,7 +74,7 @@ def test_live_gauges_are_served_while_the_writer_runs(tmp_path):
         "from numbakv.metrics import OffloadMetrics\n"
         "from service.metrics_dir import MetricsDirectory\n"
         "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); run_workload(m, om); om.sync()\n"
-        "metrics, _ = MetricsDirectory(sys.argv[2]).read()\n"
+        "metrics = MetricsDirectory(sys.argv[2]).read().metrics\n"
         "print(json.dumps({s.name + str(sorted(s.labels.items())): s.value"
         " for x in metrics for s in x.samples}))\n",
         tmp_path,
@@ -108,4 +112,7 @@ def test_sync_thread_publishes_without_explicit_syncs(tmp_path):
     )
     got = merged_samples(tmp_path)
     for (name, labels), value in EXPECTED.items():
-        assert got[(name, labels)] == pytest.approx(value), name
+        if name.startswith(GAUGES):  # left behind by a process that died: no longer counted
+            assert (name, labels) not in got, name
+        else:
+            assert got[(name, labels)] == pytest.approx(value), name

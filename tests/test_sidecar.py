@@ -25,8 +25,13 @@ def metrics_dir(tmp_path_factory):
 
 def client(directory) -> TestClient:
     return TestClient(
-        create_app(Settings(metrics_dir=str(directory), cache_s=0.0, sample_interval_s=0.05))
+        create_app(Settings(metrics_dir=str(directory), cache_s=0.05, sample_interval_s=0.05))
     )
+
+
+def reread(c: TestClient) -> None:
+    """Have the background thread's read happen now (the tests change the directory under it)."""
+    c.app.state.sidecar.refresh()
 
 
 def test_metrics_are_prometheus_text_by_default(metrics_dir):
@@ -81,7 +86,7 @@ def test_stays_up_and_says_so_when_the_directory_is_bad(tmp_path, metrics_dir, c
     assert health.status_code == metrics.status_code == stats.status_code == 200
     assert health.json()["status"] == "degraded" and health.json()["detail"]
     if case == "truncated":
-        assert health.json()["unreadable_files"] == [victim]
+        assert list(health.json()["skipped_files"]) == [victim]
         assert (
             "numbakv_transfer_duration_seconds_bucket" in metrics.text
         )  # the other files still served
@@ -93,6 +98,7 @@ def test_stats_summarises_rates_over_the_window(tmp_path):
         first = c.get("/stats").json()
         assert first["instances"] == ["gpu0"]
         run_writers(tmp_path, ("gpu0", 3))  # a second engine run: three more workloads
+        reread(c)
         stats = c.get("/stats", params={"window_s": 60}).json()
     assert stats["window_seconds"] > 0
     assert stats["hit_ratio"] == pytest.approx(9 / (9 + 21))
@@ -131,7 +137,7 @@ def test_settings_come_from_flags_then_environment():
         "NUMBAKV_METRICS_DIR": "/m",
     }
     assert parse_settings([], env) == Settings(host="0.0.0.0", port=9000, metrics_dir="/m")
-    assert parse_settings(["--cache-seconds", "0"], env).cache_s == 0.0
+    assert parse_settings(["--cache-seconds", "0.5"], env).cache_s == 0.5
     assert parse_settings(["--port", "9100", "--metrics-dir", "/x"], env).port == 9100
     assert parse_settings([], {}).host == "127.0.0.1"
     assert parse_settings([], {"PROMETHEUS_MULTIPROC_DIR": "/p"}).metrics_dir == "/p"
