@@ -139,10 +139,30 @@ def test_settings_come_from_flags_then_environment():
     assert parse_settings([], env) == Settings(host="0.0.0.0", port=9000, metrics_dir="/m")
     assert parse_settings(["--cache-seconds", "0.5"], env).cache_s == 0.5
     assert parse_settings(["--port", "9100", "--metrics-dir", "/x"], env).port == 9100
-    assert parse_settings([], {}).host == "127.0.0.1"
+    assert parse_settings([], {}) == Settings()
     assert parse_settings([], {"PROMETHEUS_MULTIPROC_DIR": "/p"}).metrics_dir == "/p"
-    with pytest.raises(SystemExit):
-        parse_settings(["--port", "70000"], {})
+    limits = {"NUMBAKV_SIDECAR_MAX_CONNECTIONS": "7"}
+    assert parse_settings(["--request-timeout-seconds", "2"], limits) == Settings(
+        request_timeout_s=2.0, max_connections=7
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["--port", "70000"], {}),
+        (["--cache-seconds", "0"], {}),
+        (["--request-timeout-seconds", "-1"], {}),
+        (["--max-connections", "0"], {}),
+        ([], {"NUMBAKV_SIDECAR_PORT": "abc"}),
+    ],
+)
+def test_bad_settings_get_one_line_and_exit_2(argv, env, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(argv, env)
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert message.startswith("numbakv-sidecar: error: ") and "Traceback" not in message
 
 
 def test_metrics_and_sidecar_import_without_numba():
