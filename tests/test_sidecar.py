@@ -11,9 +11,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+import service
 from service.app import create_app
 from service.settings import Settings, parse_settings
 from tests.metrics_fakes import run_writers
+from tests.servers import ROOT, free_port, sidecar
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +194,41 @@ def test_requests_serve_the_background_read_which_follows_new_data(tmp_path):
                 "the background refresh never picked up the new data"
             )
             time.sleep(0.02)
+
+
+def test_the_sidecar_logs_one_start_line(tmp_path):
+    port = free_port()
+    with sidecar(str(tmp_path), port, stderr=subprocess.PIPE, text=True) as proc:
+        pass
+    started = [line for line in proc.stderr.read().splitlines() if " serving " in line]
+    assert len(started) == 1
+    assert started[0].endswith(
+        f"numbakv-sidecar {service.__version__} serving http://127.0.0.1:{port} "
+        f"from the metrics directory {tmp_path}"
+    )
+
+
+WITHOUT_SERVICE_EXTRA = """
+import sys
+class NoServiceExtra:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fastapi", "uvicorn", "starlette"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoServiceExtra())
+from service.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_without_the_service_extra_one_line_names_the_pip_command():
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_SERVICE_EXTRA, "--port", "9999"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "pip install 'numbakv[service]'" in result.stderr
