@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
+from numbakv.metrics.liveness import writer_alive
 from service.metrics_dir import MetricsDirectory
 from tests.metrics_fakes import EXPECTED, run_writers
 
@@ -116,3 +118,66 @@ def test_sync_thread_publishes_without_explicit_syncs(tmp_path):
             assert (name, labels) not in got, name
         else:
             assert got[(name, labels)] == pytest.approx(value), name
+
+
+FORKING_ENGINE = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from numbakv.metrics import OffloadMetrics
+from tests.metrics_fakes import FakeManager
+metrics = OffloadMetrics(FakeManager(), instance="parent")
+child = os.fork()
+if child == 0:
+    metrics.sync()  # the child writes files of its own PID: it joins under it
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), flush=True)
+sys.stdin.read()
+os._exit(0)
+"""
+
+
+def test_a_forked_child_does_not_keep_its_parent_alive(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKING_ENGINE, root],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pids = sorted(int(parent.stdout.readline()) for _ in range(2))
+    child = pids[1] if pids[0] == parent.pid else pids[0]
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert writer_alive(dir_fd, f"numbakv-writer-{parent.pid}.lock")
+        assert writer_alive(dir_fd, f"numbakv-writer-{child}.lock")
+        parent.stdin.close()
+        parent.wait(timeout=30)
+        assert not writer_alive(dir_fd, f"numbakv-writer-{parent.pid}.lock")
+        assert writer_alive(dir_fd, f"numbakv-writer-{child}.lock")
+    finally:
+        os.close(dir_fd)
+        os.kill(child, signal.SIGKILL)
+
+
+def test_threads_of_one_process_join_the_directory_once(tmp_path):
+    run_engine_process(
+        "import threading\n"
+        "from tests.metrics_fakes import FakeManager\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "start, failed = threading.Barrier(8), []\n"
+        "def make(i):\n"
+        "    start.wait()\n"
+        "    try:\n"
+        "        OffloadMetrics(FakeManager(), instance=f'i{i}')\n"
+        "    except Exception as exc:\n"
+        "        failed.append(exc)\n"
+        "threads = [threading.Thread(target=make, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "assert not failed, failed\n",
+        tmp_path,
+    )
+    assert len([n for n in os.listdir(tmp_path) if n.startswith("numbakv-writer-")]) == 1

@@ -16,6 +16,7 @@ import atexit
 import fcntl
 import logging
 import os
+import threading
 import time
 
 from prometheus_client import multiprocess
@@ -117,11 +118,17 @@ def forget_dead_writers(dir_fd: int) -> None:
 
 _joined: tuple[int, int | None] | None = None
 """(PID, lock descriptor) of this process once it joined a directory."""
+_join_lock = threading.Lock()
 
 
 def join(path: str) -> None:
     """Make this process a writer of ``path``, once per process: fold what dead processes left
     (compaction), then claim this PID's lock; at exit, remove this process's live gauges."""
+    with _join_lock:
+        _join(path)
+
+
+def _join(path: str) -> None:
     global _joined
     pid = os.getpid()
     if _joined is not None and _joined[0] == pid:
@@ -155,7 +162,8 @@ def join(path: str) -> None:
 def _forget_parent_claim() -> None:
     """In a forked child: drop the parent's lock descriptor, so the parent's death shows (the
     child joins under its own PID when it records metrics)."""
-    global _joined
+    global _joined, _join_lock
+    _join_lock = threading.Lock()  # another thread may have held it at the fork
     if _joined is not None and _joined[1] is not None:
         os.close(_joined[1])
         _joined = (_joined[0], None)
