@@ -1,7 +1,8 @@
 """Benchmark: can the sidecar answer 200 scrapes/s with p99 under 50 ms?
 
-Fills a metrics directory as N engine processes would (each leaves its counter, histogram and live
-gauge files), starts the sidecar under uvicorn on 127.0.0.1, then sends GET /metrics open-loop at a
+Fills a metrics directory as N running engine processes would (each has its counter, histogram and
+live gauge files; they stay alive, so their live gauges count), starts the sidecar under uvicorn on
+127.0.0.1, then sends GET /metrics open-loop at a
 fixed rate and reports latency percentiles, measured from each request's scheduled send time (so a
 stalled server cannot hide queueing). Run from the repository root:
 
@@ -45,14 +46,26 @@ metrics = OffloadMetrics(Manager(), instance=sys.argv[2])
 for job in range(1000):
     metrics.on_job_done(job, ("store", "load")[job % 2], 1 << 20, 0.0001 * (job % 100), True)
 metrics.sync()
-os._exit(0)  # like a running engine: keep the live gauges
+print("ready", flush=True)
+sys.stdin.read()  # alive, like a running engine, until the benchmark closes stdin
 """
 
 
-def fill(directory: str, instances: int) -> None:
+def fill(directory: str, instances: int) -> list[subprocess.Popen]:
+    """Start ``instances`` writers, one after the other; they run until their stdin closes."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": directory}
+    writers = []
     for i in range(instances):
-        subprocess.run([sys.executable, "-c", WRITER, ROOT, f"gpu{i}"], env=env, check=True)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, ROOT, f"gpu{i}"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert writer.stdout.readline() == "ready\n", "a writer did not start"
+        writers.append(writer)
+    return writers
 
 
 def free_port() -> int:
@@ -128,7 +141,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        fill(directory, args.instances)
+        writers = fill(directory, args.instances)
         port = free_port()
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "service", "--port", str(port), "--metrics-dir", directory],
@@ -149,6 +162,9 @@ def main() -> None:
         finally:
             sidecar.terminate()
             sidecar.wait()
+            for writer in writers:
+                writer.stdin.close()
+                writer.wait()
     ms = [x * 1000 for x in latencies]
     print(
         f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in {elapsed:.1f} s "
