@@ -26,7 +26,7 @@ from numbakv.metrics.directory import (
     parse_name,
     read_file,
 )
-from numbakv.metrics.liveness import forget_dead_writers, writer_alive
+from numbakv.metrics.liveness import claim, forget_dead_writers, writer_alive
 from service.metrics_dir import MetricsDirectory
 from tests.metrics_fakes import key, run_writers, start_writer, write_metrics_file
 
@@ -332,5 +332,18 @@ def test_a_writer_is_alive_while_it_runs_and_dead_however_it_ends(tmp_path):
             kill(writer, sig)
             assert not writer_alive(dir_fd, lock), sig
         assert not writer_alive(dir_fd, "numbakv-writer-1.lock")  # no such file: nothing alive
+    finally:
+        os.close(dir_fd)
+
+
+def test_a_second_process_with_the_same_pid_is_refused(tmp_path):
+    """Writers in two PID namespaces sharing one directory would share prometheus-client's files."""
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = claim(dir_fd, str(tmp_path), 7)  # PID 7 of one container
+        with pytest.raises(RuntimeError, match="another live process holds numbakv-writer-7"):
+            claim(dir_fd, str(tmp_path), 7)  # PID 7 of another
+        os.close(held)
+        os.close(claim(dir_fd, str(tmp_path), 7))  # once the first is gone
     finally:
         os.close(dir_fd)
