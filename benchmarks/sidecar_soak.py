@@ -4,14 +4,14 @@ Four writer processes (real CPUOffloadingManagers of 1,000, 2,000, 4,000 and 8,0
 every set of live writers has its own capacity sum) record metrics into one directory; every few
 seconds one of them is SIGKILLed and restarted; meanwhile stray files come and go (counter files of
 other processes, FIFOs, unknown and truncated files). The sidecar (``python -m service``, default
-settings) is scraped open-loop at 200/s from 8 lanes, each sending its share one request after the
-other. Checked, for the whole run:
+settings) is scraped at 200/s from 8 kept-alive connections, each sending its share one request
+after the other. Checked, for the whole run:
 
 - every scrape answers 200;
-- no counter, histogram count, sum or bucket goes backwards (scrape to scrape within a lane: a
-  lane's requests are served in order);
+- no counter, histogram count, sum or bucket goes backwards (scrape to scrape within a connection,
+  whose requests are served in order);
 - ``numbakv_host_capacity_blocks`` equals the capacities of the writers alive at some moment within
-  one refresh period (plus the read itself) before the scrape;
+  one refresh period (plus 50 ms for the read) before the scrape;
 - the directory stays bounded (a writer folds what dead ones left when it starts);
 - the sidecar's memory stays flat.
 
@@ -30,9 +30,8 @@ import json
 import math
 import os
 import random
+import re
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,15 +42,13 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scraping import ROOT, TIMEOUT_S, Scrapes, cpu_seconds, percentile, running_sidecar, scrape
 
 CAPACITIES = (1000, 2000, 4000, 8000)
 LANES = 8
 REFRESH_S = 0.25  # the sidecar's default --cache-seconds
-READ_SLACK_S = 0.25  # allowed for the read itself, on a loaded 2-core machine
+READ_SLACK_S = 0.05  # allowed for the read itself
 STRAY_FILES = 20
-SCRAPE_TIMEOUT_S = 2.0  # the image's health check gives the sidecar as long
 STRAY_PIDS = 3_000_000
 
 WRITER = """
@@ -183,85 +180,35 @@ def stray_files(directory: str, stop: threading.Event) -> int:
     return 0
 
 
-@dataclass
-class Lane:
-    """One sequence of scrapes: the last value of every counter series it saw."""
-
-    last: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Results:
-    latencies_ms: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    unsent: int = 0
-    """Scrapes not sent: their time came after the run's end (the sidecar fell behind)."""
-    backwards: list[str] = field(default_factory=list)
-    capacity_checked: int = 0
-    capacity_wrong: list[str] = field(default_factory=list)
-    series_checked: int = 0
+_COUNTERS = re.compile(
+    rb"^(numbakv_\w*(?:_total|_count|_sum|_bucket)(?:{[^}\n]*})?) (\S+)$", re.MULTILINE
+)
+_CAPACITY = re.compile(rb"^numbakv_host_capacity_blocks(?:{[^}\n]*})? (\S+)$", re.MULTILINE)
 
 
-def monotonic_series(body: str) -> tuple[dict[str, float], float]:
-    """Counter-like series of the numbakv metrics (``_total``, histogram count, sum, buckets), and
-    the capacity gauge's sum."""
-    series, capacity = {}, 0.0
-    for line in body.splitlines():
-        if line.startswith("numbakv_"):
-            name, value = line.rsplit(" ", 1)
-            family = name.split("{", 1)[0]
-            if family.endswith(("_total", "_count", "_sum", "_bucket")):
-                series[name] = float(value)
-            elif family == "numbakv_host_capacity_blocks":
-                capacity += float(value)
-    return series, capacity
+class Checker:
+    """Checks every answer: counters against the same lane's previous answer, the capacity gauge
+    against the writers alive around the scrape."""
 
+    def __init__(self, writers: Writers) -> None:
+        self.writers = writers
+        self.last: dict[int, dict[bytes, float]] = {}
+        self.series_checked = self.capacity_checked = 0
+        self.backwards: list[str] = []
+        self.capacity_wrong: list[str] = []
 
-async def scrape(url: str, rate: float, duration_s: float, writers: Writers) -> Results:
-    results = Results()
-    start = time.perf_counter()
-    count = int(rate * duration_s)
-
-    async def lane(index: int) -> None:
-        state = Lane()
-        limits = httpx.Limits(max_connections=1)
-        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S, limits=limits) as client:
-            for i in range(index, count, LANES):
-                scheduled = start + i / rate
-                if time.perf_counter() > start + duration_s + SCRAPE_TIMEOUT_S:
-                    results.unsent += len(range(i, count, LANES))
-                    return  # a stalled sidecar does not stretch the run
-                await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-                sent = time.monotonic()
-                try:
-                    response = await client.get(url)
-                except httpx.HTTPError as exc:
-                    results.errors.append(f"{type(exc).__name__} at {sent:.1f}")
-                    continue
-                received = time.monotonic()
-                results.latencies_ms.append((time.perf_counter() - scheduled) * 1000)
-                if response.status_code != 200:
-                    results.errors.append(f"status {response.status_code}")
-                    continue
-                check(response.text, state, sent, received, writers, results)
-
-    await asyncio.gather(*(lane(i) for i in range(LANES)))
-    return results
-
-
-def check(
-    body: str, lane: Lane, sent: float, received: float, writers: Writers, results: Results
-) -> None:
-    series, capacity = monotonic_series(body)
-    results.series_checked += len(series)
-    for name, before in lane.last.items():
-        if series.get(name, 0.0) < before:
-            results.backwards.append(f"{name}: {before} then {series.get(name)}")
-    lane.last = series
-    possible = writers.possible_capacities(sent - REFRESH_S - READ_SLACK_S, received)
-    results.capacity_checked += 1
-    if capacity not in possible:
-        results.capacity_wrong.append(f"{capacity} not in {sorted(possible)} at {sent:.2f}")
+    def __call__(self, lane: int, body: bytes, sent: float, received: float) -> None:
+        series = {name: float(value) for name, value in _COUNTERS.findall(body)}
+        self.series_checked += len(series)
+        for name, before in self.last.get(lane, {}).items():
+            if series.get(name, 0.0) < before:
+                self.backwards.append(f"{name.decode()}: {before} then {series.get(name)}")
+        self.last[lane] = series
+        capacity = sum(float(value) for value in _CAPACITY.findall(body))
+        possible = self.writers.possible_capacities(sent - REFRESH_S - READ_SLACK_S, received)
+        self.capacity_checked += 1
+        if capacity not in possible:
+            self.capacity_wrong.append(f"{capacity} not in {sorted(possible)} at {sent:.2f}")
 
 
 def is_stray(name: str) -> bool:
@@ -274,26 +221,6 @@ def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         line = next(x for x in status if x.startswith("VmRSS:"))
     return int(line.split()[1]) / 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1]
 
 
 def main() -> None:
@@ -320,70 +247,72 @@ def main() -> None:
         parser.error("--duration, --rate and --kill-every must be positive")
 
     with tempfile.TemporaryDirectory() as directory:
-        url = f"http://127.0.0.1:{free_port()}"
-        sidecar = subprocess.Popen(
-            [sys.executable, "-m", "service", "--port", url.rsplit(":", 1)[1]]
-            + ["--metrics-dir", directory],
-            cwd=ROOT,
-            stderr=subprocess.DEVNULL,  # it warns about every stray file it skips
-        )
         writers = Writers(directory, args.kill_every)
+        checker = Checker(writers)
         stop = threading.Event()
-        samples: list[tuple[float, float, int]] = []  # (time, RSS MB, writers' entries)
+        samples: list[tuple[float, float, int]] = []  # (time, sidecar RSS MB, writers' entries)
         strays: list[int] = []
+        # stderr: the sidecar warns about every stray file it skips
+        with running_sidecar(directory, stderr=subprocess.DEVNULL) as (sidecar, port):
 
-        def sample() -> None:
-            while not stop.wait(1.0):
-                entries = [name for name in os.listdir(directory) if not is_stray(name)]
-                samples.append((time.monotonic(), rss_mb(sidecar.pid), len(entries)))
+            def sample() -> None:
+                while not stop.wait(1.0):
+                    entries = [name for name in os.listdir(directory) if not is_stray(name)]
+                    samples.append((time.monotonic(), rss_mb(sidecar.pid), len(entries)))
 
-        threads = [
-            threading.Thread(target=lambda: strays.append(stray_files(directory, stop))),
-            threading.Thread(target=sample),
-        ]
-        try:
-            wait_ready(f"{url}/healthz")
-            for slot in writers.slots:
-                writers.start(slot)
-            for thread in [writers.thread, *threads]:
-                thread.start()
-            started = time.monotonic()
-            results = asyncio.run(scrape(f"{url}/metrics", args.rate, args.duration, writers))
-            elapsed = time.monotonic() - started
-            stop.set()
-            writers.stop.set()
-            for thread in [writers.thread, *threads]:
-                thread.join()
+            threads = [
+                writers.thread,
+                threading.Thread(target=lambda: strays.append(stray_files(directory, stop))),
+                threading.Thread(target=sample),
+            ]
             try:
-                health = httpx.get(f"{url}/healthz", timeout=SCRAPE_TIMEOUT_S).json()
+                for slot in writers.slots:
+                    writers.start(slot)
+                for thread in threads:
+                    thread.start()
+                cpu_before = cpu_seconds(sidecar.pid), time.process_time()
+                scrapes = asyncio.run(scrape(port, args.rate, args.duration, LANES, checker))
+                cpu = (
+                    cpu_seconds(sidecar.pid) - cpu_before[0],
+                    time.process_time() - cpu_before[1],
+                )
+            finally:
+                stop.set()
+                writers.stop.set()
+                for thread in threads:
+                    if thread.is_alive():
+                        thread.join()
+                for slot in writers.slots:
+                    if slot.proc is not None:
+                        slot.proc.kill()
+                        slot.proc.wait()
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=TIMEOUT_S).json()
             except httpx.HTTPError as exc:
                 health = {"status": f"no answer ({type(exc).__name__})"}
-        finally:
-            stop.set()
-            writers.stop.set()
-            for slot in writers.slots:
-                if slot.proc is not None:
-                    slot.proc.kill()
-                    slot.proc.wait()
-            sidecar.kill()
-            sidecar.wait()
-    checks = judge(args, results, elapsed, samples, writers.starts, strays[0])
+    checks = judge(args, scrapes, checker, samples, writers.starts, strays[0])
     width = max(len(name) for name in checks)
     print(f"{'check':<{width}}  result  figures")
     for name, (ok, figures) in checks.items():
         print(f"{name:<{width}}  {'PASS' if ok else 'FAIL':<6}  {figures}")
+    per_scrape = 1000 * cpu[0] / max(1, len(scrapes.latencies_ms))
     print(
-        f"/healthz at the end: {json.dumps(health)}; 1-min load average "
-        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        f"CPU over the run: sidecar {cpu[0]:.1f} s ({per_scrape:.2f} ms per scrape), this client "
+        f"{cpu[1]:.1f} s; 1-min load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
-    write_report(Path(args.out), args, checks, results, samples, health)
+    print(
+        f"/healthz at the end: {health['status']}, {health.get('files')} files merged, "
+        f"{len(health.get('skipped_files', ()))} stray files skipped, "
+        f"{health.get('dead_writers')} dead writers"
+    )
+    write_report(Path(args.out), args, checks, scrapes, checker, samples, health, cpu)
     if not all(ok for ok, _ in checks.values()):
         sys.exit(1)
 
 
-def judge(args, results: Results, elapsed: float, samples, starts: int, strays: int) -> dict:
+def judge(args, scrapes: Scrapes, checker: Checker, samples, starts: int, strays: int) -> dict:
     """Each check's verdict and figures."""
-    lat = results.latencies_ms
+    lat = scrapes.latencies_ms
     scheduled = int(args.rate * args.duration)
     warm = [rss for t, rss, _ in samples if t - samples[0][0] >= 10] or [0.0]
     third = max(1, len(warm) // 3)
@@ -393,8 +322,8 @@ def judge(args, results: Results, elapsed: float, samples, starts: int, strays: 
     # directory lock
     bound = 4 * (len(CAPACITIES) + 1) + 3
     answered = (
-        f"{len(lat):,} of {scheduled:,} scrapes answered in {elapsed:.0f} s, "
-        f"{len(results.errors)} errors, {results.unsent} never sent (too late)"
+        f"{len(lat):,} of {scheduled:,} scrapes answered in {scrapes.elapsed_s:.0f} s, "
+        f"{len(scrapes.errors)} errors, {scrapes.unsent} never sent (too late)"
     )
     if len(lat) > 1:
         answered += (
@@ -402,16 +331,16 @@ def judge(args, results: Results, elapsed: float, samples, starts: int, strays: 
             f"p99 {percentile(lat, 0.99):.1f} ms, max {max(lat):.0f} ms"
         )
     return {
-        "every scrape answered": (not results.errors and not results.unsent, answered),
+        "every scrape answered": (not scrapes.errors and not scrapes.unsent, answered),
         "no counter went backwards": (
-            not results.backwards,
-            f"{results.series_checked:,} series values compared, "
-            + f"{len(results.backwards)} went backwards",
+            not checker.backwards,
+            f"{checker.series_checked:,} series values compared, "
+            + f"{len(checker.backwards)} went backwards",
         ),
         "capacity = the live writers' sum": (
-            not results.capacity_wrong,
-            f"{results.capacity_checked:,} scrapes checked against the writers alive within "
-            + f"{REFRESH_S + READ_SLACK_S:.2f} s before, {len(results.capacity_wrong)} wrong; "
+            not checker.capacity_wrong,
+            f"{checker.capacity_checked:,} scrapes checked against the writers alive within "
+            + f"{REFRESH_S + READ_SLACK_S:.2f} s before, {len(checker.capacity_wrong)} wrong; "
             + f"{starts} writer starts, {starts - len(CAPACITIES)} SIGKILLs",
         ),
         "directory bounded": (
@@ -427,9 +356,11 @@ def judge(args, results: Results, elapsed: float, samples, starts: int, strays: 
     }
 
 
-def write_report(out: Path, args, checks: dict, results: Results, samples, health) -> None:
+def write_report(
+    out: Path, args, checks: dict, scrapes: Scrapes, checker: Checker, samples, health, cpu
+) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    lat = results.latencies_ms
+    lat = scrapes.latencies_ms
     report = {
         "arguments": vars(args),
         "checks": {name: {"pass": ok, "figures": f} for name, (ok, f) in checks.items()},
@@ -437,11 +368,12 @@ def write_report(out: Path, args, checks: dict, results: Results, samples, healt
         if len(lat) > 1
         else None,
         "first_problems": {
-            "errors": results.errors[:10],
-            "backwards": results.backwards[:10],
-            "capacity": results.capacity_wrong[:10],
+            "errors": scrapes.errors[:10],
+            "backwards": checker.backwards[:10],
+            "capacity": checker.capacity_wrong[:10],
         },
         "healthz_at_the_end": health,
+        "cpu_seconds": {"sidecar": cpu[0], "client": cpu[1]},
         "samples": [{"t": t, "rss_mb": r, "writer_entries": e} for t, r, e in samples],
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
