@@ -11,7 +11,7 @@ after the other. Checked, for the whole run:
 - no counter, histogram count, sum or bucket goes backwards (scrape to scrape within a connection,
   whose requests are served in order);
 - ``numbakv_host_capacity_blocks`` equals the capacities of the writers alive at some moment within
-  one refresh period (plus 50 ms for the read) before the scrape;
+  one refresh period (plus the reads' own time, up to 0.25 s) before the scrape;
 - the directory stays bounded (a writer folds what dead ones left when it starts);
 - the sidecar's memory stays flat.
 
@@ -47,7 +47,10 @@ from scraping import ROOT, TIMEOUT_S, Scrapes, cpu_seconds, percentile, running_
 CAPACITIES = (1000, 2000, 4000, 8000)
 LANES = 8
 REFRESH_S = 0.25  # the sidecar's default --cache-seconds
-READ_SLACK_S = 0.05  # allowed for the read itself
+# The data a scrape gets was read up to a refresh period and two reads before: the one served and
+# the one under way. On this loaded 2-core machine a read took up to 0.12 s when a starting writer's
+# compaction held the directory lock.
+READ_SLACK_S = 0.25
 STRAY_FILES = 20
 STRAY_PIDS = 3_000_000
 
