@@ -237,7 +237,6 @@ class MultiprocessWriter:
         self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str, path: str
     ) -> None:
         self._path = path
-        self._pid = os.getpid()
         self._manager = manager
         self._transfers = transfers
         self._lock = threading.Lock()
@@ -276,9 +275,8 @@ class MultiprocessWriter:
     def sync(self) -> None:
         """Write the deltas since the last call; a few microseconds per changed value."""
         with self._lock:
-            if self._pid != os.getpid():  # a forked child writes files of its own PID
+            if liveness.forked:  # a forked child writes files of its own PID: it joins under it
                 liveness.join(self._path)
-                self._pid = os.getpid()
             if self._manager is not None:
                 self._sync_manager()
             self._sync_transfers()

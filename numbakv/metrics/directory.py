@@ -49,7 +49,7 @@ GAUGE_MODES = frozenset(Gauge._MULTIPROC_MODES)
 COMPACTED = "compacted-"
 
 _DB = re.compile(r"(counter|histogram|summary|gauge_([a-z]+))_([A-Za-z0-9-]+)\.db")
-_ABSORBED = re.compile(r"(.+\.db)\.in-compacted-(\d+)")
+_SET_ASIDE = re.compile(r"(.+\.db)\.in-compacted-(\d+)")
 _WRITER_LOCK = re.compile(r"numbakv-writer-(\d+)\.lock")
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _PAGE = 4096
@@ -110,7 +110,7 @@ class Listing:
     unknown: list[str] = field(default_factory=list)
     """``*.db`` names that prometheus-client does not write: never opened."""
     leftovers: list[str] = field(default_factory=list)
-    """Files an interrupted compaction left that hold nothing to count (superseded, absorbed,
+    """Files an interrupted compaction left that hold nothing to count (superseded, folded already,
     temporary): recovery removes them."""
     orphans: dict[str, str] = field(default_factory=dict)
     """Files set aside by a compaction that never committed, to their original names: they still
@@ -125,7 +125,7 @@ def list_directory(names: Iterable[str]) -> Listing:
     for name in sorted(names):
         if (db := parse_name(name)) is not None:
             files.append(db)
-        elif (match := _ABSORBED.fullmatch(name)) and (db := parse_name(match[1])) is not None:
+        elif (match := _SET_ASIDE.fullmatch(name)) and (db := parse_name(match[1])) is not None:
             set_aside.append((DbFile(name, db.kind, db.owner), int(match[2]), db.name))
         elif (match := _WRITER_LOCK.fullmatch(name)) is not None:
             listing.writers[int(match[1])] = name

@@ -119,6 +119,9 @@ def forget_dead_writers(dir_fd: int) -> None:
 _joined: tuple[int, int | None] | None = None
 """(PID, lock descriptor) of this process once it joined a directory."""
 _join_lock = threading.Lock()
+forked = False
+"""True in a forked child of a writer until it joins under its own PID: a flag for the writer's
+``sync()`` to check (a ``getpid()`` per sync would cost a system call)."""
 
 
 def join(path: str) -> None:
@@ -129,7 +132,8 @@ def join(path: str) -> None:
 
 
 def _join(path: str) -> None:
-    global _joined
+    global _joined, forked
+    forked = False
     pid = os.getpid()
     if _joined is not None and _joined[0] == pid:
         return
@@ -162,8 +166,9 @@ def _join(path: str) -> None:
 def _forget_parent_claim() -> None:
     """In a forked child: drop the parent's lock descriptor, so the parent's death shows (the
     child joins under its own PID when it records metrics)."""
-    global _joined, _join_lock
+    global _joined, _join_lock, forked
     _join_lock = threading.Lock()  # another thread may have held it at the fork
+    forked = True
     if _joined is not None and _joined[1] is not None:
         os.close(_joined[1])
         _joined = (_joined[0], None)
