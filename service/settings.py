@@ -34,23 +34,26 @@ class Settings:
     """Open connections past this close the oldest one."""
 
 
-# flag, Settings field, type, environment variable, help, range (above the first, at most the second)
+# flag, Settings field, type, metavar, environment variables (the first set wins), help, range
+# (above the first bound, at most the second)
 _OPTIONS = (
-    ("--host", "host", str, HOST_ENV, "address to bind", None),
-    ("--port", "port", int, PORT_ENV, "port to listen on", (0, 65535)),
+    ("--host", "host", str, "ADDRESS", (HOST_ENV,), "address to bind", None),
+    ("--port", "port", int, "PORT", (PORT_ENV,), "port to listen on", (0, 65535)),
     (
         "--metrics-dir",
         "metrics_dir",
         str,
-        METRICS_DIR_ENV,
-        "the engines' PROMETHEUS_MULTIPROC_DIR (then env PROMETHEUS_MULTIPROC_DIR)",
+        "DIR",
+        (METRICS_DIR_ENV, "PROMETHEUS_MULTIPROC_DIR"),
+        "the engines' PROMETHEUS_MULTIPROC_DIR",
         None,
     ),
     (
         "--cache-seconds",
         "cache_s",
         float,
-        CACHE_ENV,
+        "SECONDS",
+        (CACHE_ENV,),
         "re-read the directory this often, in the background",
         (0, 60),
     ),
@@ -58,7 +61,8 @@ _OPTIONS = (
         "--request-timeout-seconds",
         "request_timeout_s",
         float,
-        TIMEOUT_ENV,
+        "SECONDS",
+        (TIMEOUT_ENV,),
         "close a connection that has not sent a request and been answered this long "
         + "after opening or after its previous response",
         (0, 300),
@@ -67,7 +71,8 @@ _OPTIONS = (
         "--max-connections",
         "max_connections",
         int,
-        MAX_CONNECTIONS_ENV,
+        "N",
+        (MAX_CONNECTIONS_ENV,),
         "open connections at most; one more closes the oldest",
         (0, 65536),
     ),
@@ -78,20 +83,25 @@ def parse_settings(
     argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ
 ) -> Settings:
     """Flags win over the environment variables, which win over the defaults."""
-    parser = argparse.ArgumentParser(prog="numbakv-sidecar", description=__doc__)
-    defaults = Settings(metrics_dir=env.get("PROMETHEUS_MULTIPROC_DIR", DEFAULT_METRICS_DIR))
-    for flag, name, kind, variable, help_text, _ in _OPTIONS:
+    parser = argparse.ArgumentParser(
+        prog="numbakv-sidecar",
+        description="Serve what an engine's processes record in a prometheus-client multiprocess "
+        "directory: GET /metrics, /healthz, /stats.",
+    )
+    for flag, name, kind, metavar, variables, help_text, _ in _OPTIONS:
+        default = getattr(Settings, name)
         parser.add_argument(
             flag,
             dest=name,
             type=kind,
+            metavar=metavar,
             # A string default goes through ``type`` like a flag's value: a bad variable gets
             # argparse's one-line error, not a traceback.
-            default=env.get(variable, str(getattr(defaults, name))),
-            help=f"{help_text} (env {variable}; default %(default)s)",
+            default=next((env[v] for v in variables if v in env), str(default)),
+            help=f"{help_text} (env {', then '.join(variables)}; default {default})",
         )
     args = parser.parse_args(argv)
-    for flag, name, _, _, _, bounds in _OPTIONS:
+    for flag, name, *_, bounds in _OPTIONS:
         value = getattr(args, name)
         if bounds is not None and not bounds[0] < value <= bounds[1]:
             parser.error(f"{flag} must be above {bounds[0]} and at most {bounds[1]}, not {value}")
