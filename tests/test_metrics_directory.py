@@ -347,3 +347,24 @@ def test_a_second_process_with_the_same_pid_is_refused(tmp_path):
         os.close(claim(dir_fd, str(tmp_path), 7))  # once the first is gone
     finally:
         os.close(dir_fd)
+
+
+def test_a_dead_writer_s_lock_goes_once_its_pid_is_reused_by_a_process_writing_its_file(tmp_path):
+    """Else readers would take the reusing process for the dead writer and drop its gauges."""
+    for pid in (4000001, 4000002):
+        (tmp_path / f"numbakv-writer-{pid}.lock").touch()  # free: the writers died
+        write_metrics_file(tmp_path / f"gauge_livesum_{pid}.db", [(COUNTER, 1.0)])
+    reuser = subprocess.Popen(
+        [sys.executable, "-c", REUSER, str(tmp_path / "gauge_livesum_4000001.db")],
+        stdout=subprocess.PIPE,
+    )
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        reuser.stdout.readline()
+        forget_dead_writers(dir_fd)
+        locks = sorted(n for n in os.listdir(tmp_path) if n.endswith(".lock"))
+        assert locks == ["numbakv-writer-4000002.lock"]
+    finally:
+        os.close(dir_fd)
+        reuser.kill()
+        reuser.wait()

@@ -63,7 +63,7 @@ def compact(path: str, own_pid: int) -> None:
         generation = 1 + max((db.generation for db in newest.values()), default=0)
         dead: dict[str, list[DbFile]] = defaultdict(list)
         for db in listing.files:
-            if db.pid is None or db.pid == own_pid or _open_for_writing(dir_fd, db.name):
+            if db.pid is None or db.pid == own_pid or open_for_writing(dir_fd, db.name):
                 continue
             if db.live:
                 os.unlink(db.name, dir_fd=dir_fd)
@@ -75,7 +75,7 @@ def compact(path: str, own_pid: int) -> None:
         os.close(dir_fd)
 
 
-def _open_for_writing(dir_fd: int, name: str) -> bool:
+def open_for_writing(dir_fd: int, name: str) -> bool:
     """Whether some process has the file open for writing; True when it cannot be told."""
     try:
         fd, _ = open_regular(dir_fd, name)

@@ -21,7 +21,7 @@ import time
 
 from prometheus_client import multiprocess
 
-from numbakv.metrics.compaction import compact
+from numbakv.metrics.compaction import compact, open_for_writing
 from numbakv.metrics.directory import (
     Unreadable,
     directory_lock,
@@ -97,12 +97,18 @@ def _names(dir_fd: int, name: str, fd: int) -> bool:
 
 
 def forget_dead_writers(dir_fd: int) -> None:
-    """Remove the lock files of dead writers that left no file behind."""
+    """Remove the lock files of dead writers, unless their files still need them to tell readers
+    the writer is dead: kept while such a file is there and nobody has it open for writing; a
+    process that has it open reused the PID without claiming it (it would hold the lock), and
+    its live gauges must count."""
     listing = list_directory(os.listdir(dir_fd))
-    owners = {db.pid for db in listing.files}
+    owned: dict[int, list[str]] = {}
+    for db in listing.files:
+        owned.setdefault(db.pid, []).append(db.name)
     for pid, name in listing.writers.items():
-        if pid in owners:
-            continue  # its files still need the lock to tell readers the writer is dead
+        files = owned.get(pid, [])
+        if files and not any(open_for_writing(dir_fd, file) for file in files):
+            continue
         try:
             fd, _ = open_regular(dir_fd, name)
         except (Unreadable, OSError):
