@@ -129,10 +129,10 @@ metrics = OffloadMetrics(FakeManager(), instance="parent")
 child = os.fork()
 if child == 0:
     metrics.sync()  # the child writes files of its own PID: it joins under it
-    print(os.getpid(), flush=True)
+    os.write(1, b"%d\\n" % os.getpid())  # one write: the lines of the two processes stay whole
     time.sleep(60)
     os._exit(0)
-print(os.getpid(), flush=True)
+os.write(1, b"%d\\n" % os.getpid())
 sys.stdin.read()
 os._exit(0)
 """
