@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (128 + SIGINT)
-MISSING_EXTRA = 1
+MISSING_EXTRA = 2  # like bad input: the command cannot start as asked; the pip line says why
 
 
 class Parser(argparse.ArgumentParser):

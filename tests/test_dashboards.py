@@ -85,7 +85,7 @@ def test_generate_without_the_extra_names_the_pip_command(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False
     )
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
         "numbakv-dashboards: error: generating the dashboard needs the 'dashboards' extra: "
         "pip install 'numbakv[dashboards]'\n"
