@@ -169,7 +169,7 @@ def test_metrics_of_the_scheduler_and_the_worker_reach_the_sidecars_directory(tm
 
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in MetricsDirectory(str(metrics_dir)).snapshot().metrics
+        for family in MetricsDirectory(str(metrics_dir)).read().metrics
         for sample in family.samples
     }
     scheduler = (("instance", "vllm-scheduler"), ("policy", "arc"))
