@@ -1,6 +1,6 @@
 # The numbakv sidecar: serves the metrics an engine's processes write to a shared directory.
 # Installs prometheus-client, FastAPI and uvicorn (pinned in service/requirements.txt) and, with
-# --no-deps, only numbakv/metrics.py and service/ of the project: no NumPy, no Numba.
+# --no-deps, only numbakv/metrics/ and service/ of the project: no NumPy, no Numba.
 # Wheels found in wheelhouse/ are used first; build with --build-arg PIP_NO_INDEX=1 to use nothing else.
 ARG BASE=python:3.11.11-slim-bookworm
 
@@ -15,7 +15,7 @@ COPY service/requirements.txt service/requirements.txt
 RUN python3 -m venv /opt/sidecar \
     && /opt/sidecar/bin/pip install --no-cache-dir --find-links wheelhouse --requirement service/requirements.txt
 COPY pyproject.toml README.md ./
-COPY numbakv/metrics.py numbakv/metrics.py
+COPY numbakv/metrics/ numbakv/metrics/
 COPY service/ service/
 RUN /opt/sidecar/bin/pip install --no-cache-dir --find-links wheelhouse --no-deps .
 

@@ -1,7 +1,6 @@
 """Manager cost per block and per cached block, and replay time against a bare LRU loop.
 
-    python benchmarks/manager_ops.py [--capacities 10000,100000,1000000] [--trace PATH] \
-        [--out results/manager_ops.json]
+    python benchmarks/manager_ops.py [--capacities 10000,100000,1000000] [--out results/manager_ops.json]
 
 Prints three tables and writes them as JSON. Targets (2-core machine): every operation <= 1 us per
 block at 1M blocks, <= 200 bytes per cached block, and a replay no more than 2x a bare OrderedDict
@@ -25,7 +24,6 @@ from numbakv.workloads import multi_turn_chat
 
 CHAIN = 32  # blocks per call, about one 16k-token prompt of 512-token blocks
 FILLS = 6  # capacities stored before memory is measured: sarc remembers the last 5
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation.jsonl"
 
 
 def chains_of(first: int, count: int) -> list[list[int]]:
@@ -121,7 +119,6 @@ def bare_replay_seconds(chains, capacity: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capacities", default="10000,100000,1000000")
-    parser.add_argument("--trace", default=str(SHARED_TRACE), help="conversation trace to replay")
     parser.add_argument("--out", default="results/manager_ops.json")
     args = parser.parse_args()
     capacities = [int(c) for c in args.capacities.split(",")]
@@ -145,8 +142,7 @@ def main() -> None:
             print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
 
     workloads = {"multi_turn_chat x10": [r.hash_ids for r in multi_turn_chat(sessions=15_000)]}
-    if Path(args.trace).exists():
-        workloads["mooncake_conversation"] = read_hash_chains(args.trace)
+    workloads["mooncake_conversation"] = read_hash_chains("mooncake_conversation")  # shipped
     print("replay: manager vs bare OrderedDict LRU loop")
     for name, chains in workloads.items():
         references = sum(map(len, chains))

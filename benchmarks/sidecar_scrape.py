@@ -1,9 +1,10 @@
 """Benchmark: can the sidecar answer 200 scrapes/s with p99 under 50 ms?
 
-Fills a metrics directory as N engine processes would (each leaves its counter, histogram and live
-gauge files), starts the sidecar under uvicorn on 127.0.0.1, then sends GET /metrics open-loop at a
-fixed rate and reports latency percentiles, measured from each request's scheduled send time (so a
-stalled server cannot hide queueing). Run from the repository root:
+Fills a metrics directory as N running engine processes would (each has its counter, histogram and
+live gauge files; they stay alive, so their live gauges count), starts the sidecar under uvicorn on
+127.0.0.1, then sends GET /metrics at a fixed rate from 8 kept-alive connections and reports latency
+percentiles, measured from each request's scheduled send time (so a stalled server cannot hide
+queueing). Run from the repository root:
 
     python benchmarks/sidecar_scrape.py --rate 200 --duration 30 --instances 8
 """
@@ -13,16 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import httpx
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scraping import ROOT, cpu_seconds, percentile, running_sidecar, scrape
 
 WRITER = """
 import os, sys
@@ -45,69 +42,26 @@ metrics = OffloadMetrics(Manager(), instance=sys.argv[2])
 for job in range(1000):
     metrics.on_job_done(job, ("store", "load")[job % 2], 1 << 20, 0.0001 * (job % 100), True)
 metrics.sync()
-os._exit(0)  # like a running engine: keep the live gauges
+print("ready", flush=True)
+sys.stdin.read()  # alive, like a running engine, until the benchmark closes stdin
 """
 
 
-def fill(directory: str, instances: int) -> None:
+def fill(directory: str, instances: int) -> list[subprocess.Popen]:
+    """Start ``instances`` writers, one after the other; they run until their stdin closes."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": directory}
+    writers = []
     for i in range(instances):
-        subprocess.run([sys.executable, "-c", WRITER, ROOT, f"gpu{i}"], env=env, check=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
-async def load(url: str, rate: float, duration_s: float) -> tuple[list[float], int, float]:
-    """Open-loop GETs at ``rate``/s; returns latencies (s) from scheduled send, errors, elapsed."""
-    latencies: list[float] = []
-    errors = 0
-
-    async def one(client: httpx.AsyncClient, scheduled: float) -> None:
-        nonlocal errors
-        try:
-            response = await client.get(url)
-            response.raise_for_status()
-            latencies.append(time.perf_counter() - scheduled)
-        except httpx.HTTPError:
-            errors += 1
-
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=10, limits=limits) as client:
-        start = time.perf_counter()
-        tasks = []
-        for i in range(int(rate * duration_s)):
-            scheduled = start + i / rate
-            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            tasks.append(asyncio.create_task(one(client, scheduled)))
-        await asyncio.gather(*tasks)
-        return latencies, errors, time.perf_counter() - start
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1]
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, ROOT, f"gpu{i}"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert writer.stdout.readline() == "ready\n", "a writer did not start"
+        writers.append(writer)
+    return writers
 
 
 def main() -> None:
@@ -128,34 +82,25 @@ def main() -> None:
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        fill(directory, args.instances)
-        port = free_port()
-        sidecar = subprocess.Popen(
-            [sys.executable, "-m", "service", "--port", str(port), "--metrics-dir", directory],
-            cwd=ROOT,
-        )
+        writers = fill(directory, args.instances)
         try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(f"{base}/healthz")
-            size = len(httpx.get(f"{base}/metrics").content)
-            load_before, cpu_before = os.getloadavg()[0], cpu_seconds(sidecar.pid)
-            latencies, errors, elapsed = asyncio.run(
-                load(f"{base}/metrics", args.rate, args.duration)
-            )
-            load_after, cpu_per_scrape = (
-                os.getloadavg()[0],
-                (cpu_seconds(sidecar.pid) - cpu_before) / len(latencies),
-            )
+            with running_sidecar(directory) as (sidecar, port):
+                size = len(httpx.get(f"http://127.0.0.1:{port}/metrics").content)
+                load_before, cpu_before = os.getloadavg()[0], cpu_seconds(sidecar.pid)
+                scrapes = asyncio.run(scrape(port, args.rate, args.duration))
+                cpu = cpu_seconds(sidecar.pid) - cpu_before
         finally:
-            sidecar.terminate()
-            sidecar.wait()
-    ms = [x * 1000 for x in latencies]
+            for writer in writers:
+                writer.stdin.close()
+                writer.wait()
+    ms = scrapes.latencies_ms
     print(
-        f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in {elapsed:.1f} s "
-        f"= {len(ms) / elapsed:.0f}/s, {errors} errors; latency ms: p50 {percentile(ms, 0.5):.1f} "
+        f"{len(ms)} scrapes ({size} bytes each, {args.instances} instances) in "
+        f"{scrapes.elapsed_s:.1f} s = {len(ms) / scrapes.elapsed_s:.0f}/s, "
+        f"{len(scrapes.errors) + scrapes.unsent} errors; latency ms: p50 {percentile(ms, 0.5):.1f} "
         f"p90 {percentile(ms, 0.9):.1f} p99 {percentile(ms, 0.99):.1f} max {max(ms):.1f}; "
-        f"sidecar CPU {cpu_per_scrape * 1000:.2f} ms per scrape; "
-        f"1-min load average {load_before:.2f} before, {load_after:.2f} after, {os.cpu_count()} CPUs"
+        f"sidecar CPU {cpu / len(ms) * 1000:.2f} ms per scrape; 1-min load average "
+        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after, {os.cpu_count()} CPUs"
     )
 
 

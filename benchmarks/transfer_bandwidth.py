@@ -1,14 +1,23 @@
-"""Bandwidth of the gather/scatter kernels against the DMA ceiling and the naive per-block copies.
+"""Bandwidth of the gather/scatter kernels against the DMA ceiling and the ways a user would do it.
 
 For each per-layer chunk size (the bytes one block occupies in one layer) it builds a KV cache of
-`--layers` layers, a host pool, and jobs of about `--job-mib` MiB of scattered blocks, then measures:
-gather (GPU -> host) and scatter (host -> GPU) GB/s for several caps on the number of thread
-blocks, a store and a load in flight together, the naive way (one cudaMemcpyAsync per block and
-layer, issued from Python) and the host-side submit time. The DMA ceiling is one large contiguous
-pinned copy in each direction. Prints a table and writes JSON.
+`layers` layers, a host pool, and jobs of about `job_mib` MiB of scattered blocks, then measures in
+one process, side by side:
+- gather (GPU -> host) and scatter (host -> GPU) GB/s for several caps on the thread blocks a job
+  may hold (16 is the engine's default; "all" is one warp per 4 KiB work item, uncapped);
+- a store and a load in flight together (default engine), total GB/s;
+- peers: one cudaMemcpyAsync per block and layer issued from Python, and what a torch user writes
+  instead (an index gather per layer into a GPU staging buffer, then one pinned copy; loads the
+  other way round), when torch is installed;
+- the host time of one `submit`, for the whole job and for 16 blocks (and for 16 blocks with the
+  launch left out, which on the simulator is submit's Python alone).
+Then a per-step job (16 blocks, 32 layers, 16 KiB chunks), submit to completion as an engine that
+polls `get_finished` sees it, and through `wait`. The DMA ceiling is one large contiguous pinned
+copy in each direction, in the same run. Prints a table and writes JSON.
 
     python benchmarks/transfer_bandwidth.py                 # on a GPU: the full configuration
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --smoke   # a tiny check anywhere
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --submit-cost   # submit's Python
 """
 
 from __future__ import annotations
@@ -27,7 +36,14 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numbakv.datapath import COMPILE_SECONDS, HostPool, KVLayout, LayoutKind, TransferEngine
+from numbakv.datapath import (
+    COMPILE_SECONDS,
+    DEFAULT_MAX_THREAD_BLOCKS,
+    HostPool,
+    KVLayout,
+    LayoutKind,
+    TransferEngine,
+)
 from numbakv.datapath._device import ON_SIMULATOR
 from numbakv.datapath.kernels import get_kernel
 
@@ -40,6 +56,7 @@ FULL = {
     "repeats": 5,
     "naive_copies": 4096,
     "submits": 50,
+    "per_step": {"blocks": 16, "layers": 32, "chunk": 16384, "repeats": 100},
 }
 SMOKE = {
     "chunks": [256, 1024],
@@ -50,6 +67,7 @@ SMOKE = {
     "repeats": 1,
     "naive_copies": 8,
     "submits": 3,
+    "per_step": {"blocks": 2, "layers": 2, "chunk": 512, "repeats": 2},
 }
 
 
@@ -57,53 +75,73 @@ def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
 
 
+def optional_torch():
+    """torch with a GPU, or None (the torch peer is then left out)."""
+    if ON_SIMULATOR:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def timed_on(stream, action, repeats: int) -> float:
+    """Median seconds of `action` between two events on `stream`, after one warm-up run."""
+    times = []
+    for _ in range(repeats + 1):
+        start, end = cuda.event(), cuda.event()
+        start.record(stream)
+        action()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times[1:])
+
+
 def dma_ceiling(nbytes: int, repeats: int) -> dict:
     """One contiguous pinned copy each way: what the link's copy engines deliver."""
     device = cuda.device_array(nbytes, dtype=np.uint8)
     host = cuda.pinned_array(nbytes, dtype=np.uint8)
     stream = cuda.stream()
-    result = {}
-    for name, copy in (
-        ("d2h", lambda: device.copy_to_host(host, stream=stream)),
-        ("h2d", lambda: device.copy_to_device(host, stream=stream)),
-    ):
-        times = []
-        for _ in range(repeats + 1):
-            start, end = cuda.event(), cuda.event()
-            start.record(stream)
-            copy()
-            end.record(stream)
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        result[name] = gbps(nbytes, statistics.median(times[1:]))
-    return result
+    return {
+        "d2h": gbps(nbytes, timed_on(stream, lambda: device.copy_to_host(host, stream), repeats)),
+        "h2d": gbps(nbytes, timed_on(stream, lambda: device.copy_to_device(host, stream), repeats)),
+    }
 
 
 class ChunkBench:
-    """One chunk size: a KV cache of `layers` layers of `2 * blocks` blocks, a pool as large."""
+    """`layers` layers of `2 * blocks` blocks of `chunk` bytes (torch tensors when torch is
+    there, so its peer reads the same memory), a pool as large, random scattered ids."""
 
-    def __init__(self, chunk: int, layers: int, job_bytes: int, threads_per_block: int) -> None:
-        self.chunk = chunk
+    def __init__(self, chunk: int, layers: int, blocks: int, threads_per_block: int, torch):
+        self.chunk, self.torch = chunk, torch
         self.threads_per_block = threads_per_block
-        self.blocks = max(1, job_bytes // (layers * chunk))
-        self.arrays = [
-            cuda.device_array((2 * self.blocks, 1, chunk), dtype=np.uint8) for _ in range(layers)
-        ]
+        self.blocks = blocks
+        shape = (2 * blocks, 1, chunk)
+        if torch is not None:
+            self.arrays = [
+                torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda")
+                for _ in range(layers)
+            ]
+            torch.cuda.synchronize()
+        else:
+            self.arrays = [cuda.device_array(shape, dtype=np.uint8) for _ in range(layers)]
         self.layout = KVLayout.from_arrays(LayoutKind.MLA, self.arrays)
-        self.pool = HostPool.for_layout(self.layout, 2 * self.blocks)
-        self.job_bytes = self.blocks * self.layout.block_bytes
+        self.pool = HostPool.for_layout(self.layout, 2 * blocks)
+        self.job_bytes = blocks * self.layout.block_bytes
         rng = np.random.default_rng(chunk)
-        self.gpu_ids = rng.permutation(2 * self.blocks)
-        self.host_ids = rng.permutation(2 * self.blocks)
+        self.gpu_ids = rng.permutation(2 * blocks)
+        self.host_ids = rng.permutation(2 * blocks)
         self._next_job = 0
 
-    def engine(self, thread_blocks: int | None, seconds: list) -> TransferEngine:
+    def engine(self, thread_blocks: int | None, seconds: list | None = None) -> TransferEngine:
         return TransferEngine(
             self.layout,
             self.pool,
             max_thread_blocks=thread_blocks,
             threads_per_block=self.threads_per_block,
-            on_job_done=lambda *report: seconds.append(report[3]),
+            on_job_done=None if seconds is None else lambda *report: seconds.append(report[3]),
         )
 
     def job_id(self) -> int:
@@ -111,9 +149,10 @@ class ChunkBench:
         return self._next_job
 
     def one_direction(self, thread_blocks: int | None, direction: str, repeats: int) -> float:
+        """GB/s of one job, from the engine's own events around it (median after a warm-up)."""
         seconds: list[float] = []
         engine = self.engine(thread_blocks, seconds)
-        for _ in range(repeats + 1):  # the first run warms up
+        for _ in range(repeats + 1):
             job = self.job_id()
             engine.submit(job, direction, self.gpu_ids[: self.blocks], self.host_ids[: self.blocks])
             engine.wait(job)
@@ -121,7 +160,7 @@ class ChunkBench:
 
     def concurrent(self, repeats: int) -> float:
         """A store of one half and a load of the other half in flight together: total GB/s."""
-        engine = self.engine(None, [])
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
         half = slice(self.blocks, 2 * self.blocks)
         walls = []
         for _ in range(repeats + 1):
@@ -135,23 +174,62 @@ class ChunkBench:
             walls.append(time.perf_counter() - started)
         return gbps(2 * self.job_bytes, statistics.median(walls[1:]))
 
-    def submit_seconds(self, submits: int, blocks: int) -> float:
-        """Median host time of one submit of `blocks` blocks (validation, id upload, launch)."""
-        engine = self.engine(None, [])
+    def _submit_times(self, engine: TransferEngine, submits: int, blocks: int) -> list[float]:
+        """Host seconds of each of `submits` submits of `blocks` blocks, one job at a time."""
         times = []
-        for _ in range(submits + 1):
+        for _ in range(submits):
             job = self.job_id()
             started = time.perf_counter()
             engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
             times.append(time.perf_counter() - started)
             engine.wait(job)
-        return statistics.median(times[1:])
+            engine.get_finished()
+        return times
+
+    def submit_seconds(self, submits: int, blocks: int) -> float:
+        """Median host time of one submit of `blocks` blocks (validation, ids, records, launch)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+        return statistics.median(self._submit_times(engine, submits + 1, blocks)[1:])
+
+    def submit_seconds_without_launch(self, submits: int, blocks: int) -> float:
+        """The same with the kernel launch replaced by nothing, best of 5 rounds: submit's cost
+        before the launch (on the simulator, where records and uploads do nothing either, its
+        Python alone)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+        for lane in engine._lanes.values():  # a measurement's seam, not an API
+            lane.launch = lambda grid, count: None
+        return min(statistics.median(self._submit_times(engine, submits, blocks)) for _ in range(5))
+
+    def submit_to_completion(self, repeats: int) -> dict:
+        """Per-step jobs, from before `submit` to completion: seen by polling `get_finished` (as
+        an engine stepping does) and by `wait` (which sleeps)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+        result = {}
+        for direction in ("store", "load"):
+            for how in ("poll", "wait"):
+                walls = []
+                for _ in range(repeats + 1):
+                    job = self.job_id()
+                    started = time.perf_counter()
+                    engine.submit(
+                        job, direction, self.gpu_ids[: self.blocks], self.host_ids[: self.blocks]
+                    )
+                    if how == "wait":
+                        engine.wait(job)
+                    while not engine.get_finished():
+                        pass
+                    walls.append(time.perf_counter() - started)
+                result[f"{direction}_{how}_gbps"] = gbps(
+                    self.job_bytes, statistics.median(walls[1:])
+                )
+        return result
 
     def naive(self, copies: int) -> dict:
         """One cudaMemcpyAsync per block and layer from Python, over the first `copies` of them."""
         stream = cuda.stream()
         host = self.pool.blocks
         layers = len(self.arrays)
+        views = self.arrays if self.torch is None else list(map(cuda.as_cuda_array, self.arrays))
         pairs = [
             (self.gpu_ids[i // layers], self.host_ids[i // layers], i % layers)
             for i in range(min(copies, self.blocks * layers))
@@ -161,7 +239,7 @@ class ChunkBench:
             cuda.synchronize()
             started = time.perf_counter()
             for gpu_id, host_id, layer in pairs:
-                device = self.arrays[layer][gpu_id, 0]
+                device = views[layer][gpu_id, 0]
                 target = host[host_id, layer * self.chunk : (layer + 1) * self.chunk]
                 if name == "d2h":
                     device.copy_to_host(target, stream=stream)
@@ -170,6 +248,35 @@ class ChunkBench:
             stream.synchronize()
             result[name] = gbps(len(pairs) * self.chunk, time.perf_counter() - started)
         return result
+
+    def torch_way(self, repeats: int) -> dict | None:
+        """What a torch user writes: an index gather per layer into a GPU staging buffer, then one
+        pinned copy (a load: one pinned copy, then an index copy per layer). Layer-major staging,
+        the layout that needs the fewest kernels."""
+        torch = self.torch
+        if torch is None:
+            return None
+        layers = len(self.arrays)
+        index = torch.as_tensor(self.gpu_ids[: self.blocks], device="cuda")
+        staging = torch.empty((layers, self.blocks, self.chunk), dtype=torch.uint8, device="cuda")
+        pinned = torch.empty(staging.shape, dtype=torch.uint8, pin_memory=True)
+        flat = [array.view(2 * self.blocks, self.chunk) for array in self.arrays]
+
+        def gather() -> None:
+            for layer, array in enumerate(flat):
+                torch.index_select(array, 0, index, out=staging[layer])
+            pinned.copy_(staging, non_blocking=True)
+
+        def scatter() -> None:
+            staging.copy_(pinned, non_blocking=True)
+            for layer, array in enumerate(flat):
+                array.index_copy_(0, index, staging[layer])
+
+        stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+        return {
+            "d2h": gbps(self.job_bytes, timed_on(stream, gather, repeats)),
+            "h2d": gbps(self.job_bytes, timed_on(stream, scatter, repeats)),
+        }
 
 
 def compile_probe() -> dict:
@@ -192,11 +299,13 @@ def fresh_process_compile() -> dict | None:
 def run(config: dict, out: Path) -> dict:
     device = cuda.get_current_device()
     name = getattr(device, "name", "simulator")
+    torch = optional_torch()
     report = {
         "device": name.decode() if isinstance(name, bytes) else str(name),
         "sm_count": getattr(device, "MULTIPROCESSOR_COUNT", None),
         "simulator": ON_SIMULATOR,
         "python": platform.python_version(),
+        "default_max_thread_blocks": DEFAULT_MAX_THREAD_BLOCKS,
         "config": config,
         "compile_seconds_first_call": compile_probe(),
         "compile_seconds_fresh_process": fresh_process_compile(),
@@ -205,7 +314,8 @@ def run(config: dict, out: Path) -> dict:
     report["dma_ceiling_gbps"] = dma_ceiling(job_bytes, config["repeats"])
     rows = []
     for chunk in config["chunks"]:
-        bench = ChunkBench(chunk, config["layers"], job_bytes, config["threads_per_block"])
+        blocks = max(1, job_bytes // (config["layers"] * chunk))
+        bench = ChunkBench(chunk, config["layers"], blocks, config["threads_per_block"], torch)
         row = {
             "chunk_bytes": chunk,
             "blocks_per_job": bench.blocks,
@@ -213,12 +323,13 @@ def run(config: dict, out: Path) -> dict:
             "gather_gbps": {},
             "scatter_gbps": {},
         }
-        for blocks in config["thread_blocks"]:
-            key = "all" if blocks is None else str(blocks)
-            row["gather_gbps"][key] = bench.one_direction(blocks, "store", config["repeats"])
-            row["scatter_gbps"][key] = bench.one_direction(blocks, "load", config["repeats"])
+        for cap in config["thread_blocks"]:
+            key = "all" if cap is None else str(cap)
+            row["gather_gbps"][key] = bench.one_direction(cap, "store", config["repeats"])
+            row["scatter_gbps"][key] = bench.one_direction(cap, "load", config["repeats"])
         row["concurrent_gbps"] = bench.concurrent(config["repeats"])
         row["naive_gbps"] = bench.naive(config["naive_copies"])
+        row["torch_gbps"] = bench.torch_way(config["repeats"])
         row["submit_us_median"] = bench.submit_seconds(config["submits"], bench.blocks) * 1e6
         row["submit_us_median_16_blocks"] = (
             bench.submit_seconds(config["submits"], min(16, bench.blocks)) * 1e6
@@ -226,11 +337,31 @@ def run(config: dict, out: Path) -> dict:
         rows.append(row)
         del bench
     report["rows"] = rows
+    step = config["per_step"]
+    bench = ChunkBench(
+        step["chunk"], step["layers"], step["blocks"], config["threads_per_block"], torch
+    )
+    report["per_step"] = {
+        "blocks": step["blocks"],
+        "layers": step["layers"],
+        "chunk_bytes": step["chunk"],
+        "job_bytes": bench.job_bytes,
+        **bench.submit_to_completion(step["repeats"]),
+        "submit_us_median": bench.submit_seconds(step["repeats"], step["blocks"]) * 1e6,
+        "submit_us_median_without_launch": bench.submit_seconds_without_launch(
+            config["submits"], step["blocks"]
+        )
+        * 1e6,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print_table(report)
     print(f"\nwrote {out}")
     return report
+
+
+def _ratio(value: float | None, ceiling: float) -> str:
+    return "-" if value is None else f"{100 * value / ceiling:.0f}%"
 
 
 def print_table(report: dict) -> None:
@@ -245,27 +376,40 @@ def print_table(report: dict) -> None:
     header = (
         ["chunk KiB", "dir"]
         + [f"tb={k}" for k in keys]
-        + ["% ceil", "% ceil@16", "naive", "concurrent", "x one dir", "submit us", "submit16 us"]
+        + ["% ceil", "% ceil@16", "memcpy", "torch", "concurrent", "x one dir", "submit us"]
+        + ["submit16 us"]
     )
     print(" | ".join(f"{h:>10}" for h in header))
     for row in report["rows"]:
+        best_one = max(max(row["gather_gbps"].values()), max(row["scatter_gbps"].values()))
         for direction, name, link in (
             ("gather_gbps", "gather", "d2h"),
             ("scatter_gbps", "scatter", "h2d"),
         ):
             speeds = row[direction]
-            best_one = max(max(row["gather_gbps"].values()), max(row["scatter_gbps"].values()))
+            torch_way = row["torch_gbps"]
             cells = [f"{row['chunk_bytes'] / 1024:g}", name] + [f"{speeds[k]:.1f}" for k in keys]
             cells += [
-                f"{100 * speeds['all'] / ceiling[link]:.0f}%",
-                f"{100 * speeds['16'] / ceiling[link]:.0f}%" if "16" in speeds else "-",
+                _ratio(max(speeds.values()), ceiling[link]),
+                _ratio(speeds.get("16"), ceiling[link]),
                 f"{row['naive_gbps'][link]:.2f}",
+                "-" if torch_way is None else f"{torch_way[link]:.1f}",
                 f"{row['concurrent_gbps']:.1f}",
                 f"{row['concurrent_gbps'] / best_one:.2f}",
                 f"{row['submit_us_median']:.1f}",
                 f"{row['submit_us_median_16_blocks']:.1f}",
             ]
             print(" | ".join(f"{c:>10}" for c in cells))
+    step = report["per_step"]
+    print(
+        f"per-step job ({step['blocks']} blocks x {step['layers']} layers x "
+        f"{step['chunk_bytes'] / 1024:g} KiB, submit to completion): "
+        f"store {step['store_poll_gbps']:.1f} GB/s ({_ratio(step['store_poll_gbps'], ceiling['d2h'])}), "
+        f"load {step['load_poll_gbps']:.1f} GB/s ({_ratio(step['load_poll_gbps'], ceiling['h2d'])}) "
+        f"polling; with wait: store {step['store_wait_gbps']:.1f}, load {step['load_wait_gbps']:.1f}; "
+        f"submit {step['submit_us_median']:.1f} us median "
+        f"({step['submit_us_median_without_launch']:.1f} us without the launch)"
+    )
 
 
 def main() -> None:
@@ -279,10 +423,25 @@ def main() -> None:
     parser.add_argument(
         "--threads-per-block", type=int, help="override the configuration's threads per block"
     )
+    parser.add_argument(
+        "--submit-cost",
+        action="store_true",
+        help="only submit's cost for the per-step job, the launch left out (best of 5 rounds)",
+    )
     parser.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compile_probe:
         print(json.dumps(compile_probe()))
+        return
+    if args.submit_cost:
+        step = FULL["per_step"]
+        bench = ChunkBench(step["chunk"], step["layers"], step["blocks"], 1024, None)
+        seconds = bench.submit_seconds_without_launch(200, step["blocks"])
+        print(
+            f"submit of {step['blocks']} blocks x {step['layers']} layers x "
+            f"{step['chunk'] // 1024} KiB, launch left out: {seconds * 1e6:.1f} us median "
+            f"(best of 5 rounds of 200; simulator: {ON_SIMULATOR})"
+        )
         return
     config = dict(SMOKE if args.smoke else FULL)
     if args.threads_per_block:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from numbakv.progress import Progress
+
+BELADY = "belady"  # its name where policies are named; a replay-only reference, not a policy
 NEVER = float("inf")
 
 
@@ -28,13 +31,18 @@ def next_uses(chains: Sequence[Sequence[int]]) -> list[list[float]]:
     return result
 
 
-def belady_hits(chains: Sequence[Sequence[int]], capacity: int) -> tuple[int, int, int]:
-    """(hits, references, evictions) of MIN replaying the chains with `capacity` blocks."""
+def belady_hits(
+    chains: Sequence[Sequence[int]], capacity: int, meter: Progress | None = None
+) -> tuple[int, int, int]:
+    """(hits, references, evictions) of MIN replaying the chains with `capacity` blocks;
+    `meter`, if given, counts the requests replayed."""
     upcoming = next_uses(chains)
     cached: dict[int, tuple[float, int]] = {}  # block -> (next use, depth): its eviction key
     farthest: list[tuple[float, int, int]] = []  # max-heap by key, with stale entries
     hits = references = evictions = 0
     for chain, next_use in zip(chains, upcoming):
+        if meter is not None:
+            meter.update()
         hit = 0
         while hit < len(chain) and chain[hit] in cached:
             hit += 1

@@ -1,6 +1,6 @@
 """The whole path, end to end: a paged GPU KV cache too small for its workload, offloaded and back.
 
-    python -m numbakv.demo [--trace FILE] [--policy lru] [--mode eager|lazy] [sizes...]
+    python -m numbakv.demo [--trace FILE] [--policy lru] [--mode eager|lazy] [sizes...] [--json]
 
 A stand-in engine replays a multi-turn chat workload (or a Mooncake trace) over a GPU block pool
 that cannot hold it: it reuses blocks still on the GPU, loads what the host tier has, "computes"
@@ -10,20 +10,27 @@ block loaded back is checked byte for byte against what its hash says it must ho
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import TextIO
 
 import numpy as np
-from tqdm import tqdm
 
+from numbakv.belady import BELADY
+from numbakv.cli import INTERRUPTED, Parser, positive_int, print_json
 from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import KVOffloader
+from numbakv.planning import bytes_label
+from numbakv.policies import POLICIES, resolve_policy
+from numbakv.progress import track
 from numbakv.simulator import simulate_without_gpu
-from numbakv.traces import TraceError, read_hash_chains
+from numbakv.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
 from numbakv.workloads import multi_turn_chat
+
+KV_ITEM_BYTES = 2  # float16
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class DemoConfig:
     policy: str = "lru"
     mode: str = "eager"
     trace: str | None = None
+    requests: int | None = None  # the first this many requests of the workload; None: all
     threads_per_block: int = 32
     max_thread_blocks: int | None = 2
 
@@ -56,6 +64,19 @@ class DemoReport:
     transfer_seconds: dict = field(default_factory=lambda: {"store": 0.0, "load": 0.0})
     seconds: float = 0.0
     block_bytes: int = 0
+
+
+class DemoInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the demo; still a KeyboardInterrupt, with the report of what was served."""
+
+    def __init__(self, report: DemoReport, requests: int) -> None:
+        super().__init__()
+        self.report = report
+        self.requests = requests  # of the workload, served or not
+
+
+class DemoConfigError(ValueError):
+    """A configuration the demo cannot run; the message names the option to change."""
 
 
 def block_contents(block_hashes: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -193,85 +214,200 @@ class StandInEngine:
         self.compute.get_finished()
 
 
-def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = False) -> DemoReport:
-    """Replay the workload through a stand-in engine; kv_arrays may be torch/CuPy/Numba arrays."""
+def block_bytes_of(config: DemoConfig) -> int:
+    """Bytes of one KV block, every layer, K and V (float16, flash-attention layout)."""
+    per_layer = 2 * config.block_size * config.num_kv_heads * config.head_size * KV_ITEM_BYTES
+    return config.num_layers * per_layer
+
+
+def workload(config: DemoConfig, progress: bool = False) -> list[list[int]]:
+    """The requests' block chains: the trace's, or the built-in chat workload's; the first
+    `config.requests` of them if set."""
     if config.trace:
-        chains = read_hash_chains(config.trace)
+        chains = read_hash_chains(config.trace, progress)
     else:
         chains = [request.hash_ids for request in multi_turn_chat(sessions=config.sessions)]
+    return chains[: config.requests]
+
+
+def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = False) -> DemoReport:
+    """Replay the workload through a stand-in engine; kv_arrays may be torch/CuPy/Numba arrays.
+
+    Ctrl-C while serving raises DemoInterrupted with the report so far.
+    """
+    chains = workload(config, progress)
     longest = max(map(len, chains))
     if longest > config.gpu_blocks:
-        raise ValueError(
-            f"the longest request has {longest} blocks: --gpu-blocks must be at least that"
+        raise DemoConfigError(
+            f"argument --gpu-blocks: got '{config.gpu_blocks}', expected at least {longest}, "
+            "the longest request's blocks"
         )
     report = DemoReport()
     engine = StandInEngine(config, kv_arrays or build_kv_cache(config), report)
     started = time.perf_counter()
-    for chain in tqdm(chains, disable=not progress, unit="req"):
-        engine.serve(chain)
-    engine.offloader.drain()
+    try:
+        for chain in track(chains, "serving", len(chains), "req", progress):
+            engine.serve(chain)
+        engine.offloader.drain()
+    except KeyboardInterrupt:
+        report.seconds = time.perf_counter() - started
+        raise DemoInterrupted(report, len(chains)) from None
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _print(report: DemoReport, config: DemoConfig) -> None:
+def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     hits = report.gpu_hits + report.host_hits
-    print(
-        f"workload       {config.trace or f'built-in multi-turn chat, {config.sessions} sessions'}"
-    )
+    source = config.trace or f"built-in multi-turn chat, {config.sessions} sessions"
+    first = f", its first {config.requests:,} requests" if config.requests else ""
+    print(f"workload       {source}{first}", file=out)
     print(
         f"cache          {config.gpu_blocks} GPU blocks, {config.host_blocks} host blocks "
-        f"({config.policy}, {config.mode} offload), {report.block_bytes:,} bytes a block"
+        f"({config.policy}, {config.mode} offload), {report.block_bytes:,} bytes a block",
+        file=out,
     )
-    print(f"requests       {report.requests:,}, {report.references:,} block references")
+    print(f"requests       {report.requests:,}, {report.references:,} block references", file=out)
     print(
         f"hit ratio      {hits / max(1, report.references):.3f}  "
-        f"(GPU {report.gpu_hits:,} + host tier {report.host_hits:,}; computed {report.computed:,})"
+        f"(GPU {report.gpu_hits:,} + host tier {report.host_hits:,}; computed {report.computed:,})",
+        file=out,
     )
     for direction, name in (("store", "GPU -> host"), ("load", "host -> GPU")):
         seconds, moved = report.transfer_seconds[direction], report.bytes_moved[direction]
         # The simulator's events have no clock: no time, no rate (rather than "0 GB/s").
         rate = f", {moved / seconds / 1e9:.3g} GB/s" if seconds else ""
         print(
-            f"{name:<14} {report.blocks_moved[direction]:,} blocks, {moved / 2**20:,.1f} MiB{rate}"
+            f"{name:<14} {report.blocks_moved[direction]:,} blocks, {moved / 2**20:,.1f} MiB{rate}",
+            file=out,
         )
-    print(f"byte check     {report.verified:,} loaded blocks verified, {report.mismatched} wrong")
-    print(f"time           {report.seconds:.1f} s")
+    print(
+        f"byte check     {report.verified:,} loaded blocks verified, {report.mismatched} wrong",
+        file=out,
+    )
+    print(f"time           {report.seconds:.1f} s", file=out)
+
+
+SIZES = {
+    "num_layers": "attention layers",
+    "block_size": "tokens per KV block",
+    "num_kv_heads": "KV heads per layer",
+    "head_size": "values per head",
+    "gpu_blocks": "blocks of the GPU KV cache (at least the longest request's)",
+    "host_blocks": "blocks of the host tier",
+    "sessions": "chat sessions of the built-in workload",
+}
+
+
+def _parser() -> Parser:
+    defaults = DemoConfig()
+    samples = ", ".join(SAMPLE_TRACES)
+    parser = Parser(prog="numbakv-demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--trace",
+        metavar="TRACE",
+        help=f"Mooncake-format jsonl trace, or the name of a shipped sample ({samples}) "
+        "(default: the built-in chat workload)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=positive_int,
+        metavar="N",
+        help="serve only the first N requests of the workload (default: all)",
+    )
+    parser.add_argument(
+        "--policy",
+        default=defaults.policy,
+        help=f"host-tier cache policy: {', '.join(POLICIES)}, or an import path module:Class "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("eager", "lazy"),
+        default=defaults.mode,
+        help="eager: offload every computed block at once; lazy: only when the GPU evicts it "
+        "(default: %(default)s)",
+    )
+    for name, about in SIZES.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=positive_int,
+            default=getattr(defaults, name),
+            metavar="N",
+            help=f"{about} (default: %(default)s)",
+        )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON document on stdout, the human-readable text on "
+        "stderr (default: text on stdout)",
+    )
+    return parser
+
+
+def _check(parser: Parser, config: DemoConfig) -> None:
+    """Everything about the arguments that can be checked before any memory is touched."""
+    if config.policy == BELADY:
+        parser.bad("--policy", BELADY, "a cache policy: belady is replay-only (numbakv-replay)")
+    try:
+        resolve_policy(config.policy)
+    except (ValueError, TypeError) as error:
+        if ":" in config.policy:
+            parser.error(f"argument --policy: {error}")
+        parser.bad("--policy", config.policy, f"one of {', '.join(POLICIES)}, or module:Class")
+    if config.trace is not None:
+        try:
+            check_trace(config.trace)
+        except TraceError as error:
+            parser.error(f"argument --trace: {error}")
+    block_bytes = block_bytes_of(config)
+    # KV cache, host tier and staging pool; on the simulator "GPU" memory is host memory too.
+    needed = block_bytes * (config.host_blocks + 2 * config.gpu_blocks)
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available:
+        parser.error(
+            f"the demo would need {needed / 2**30:,.1f} GiB of memory "
+            f"({bytes_label(block_bytes)} a block), more than this machine's "
+            f"{available / 2**30:,.1f} GiB: lower --host-blocks, --gpu-blocks or the block's sizes"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    defaults = DemoConfig()
-    parser = argparse.ArgumentParser(prog="numbakv-demo", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--trace", help="Mooncake-format jsonl trace (default: built-in chat workload)"
-    )
-    parser.add_argument("--policy", default=defaults.policy)
-    parser.add_argument("--mode", choices=("eager", "lazy"), default=defaults.mode)
-    for name in (
-        "num_layers",
-        "block_size",
-        "num_kv_heads",
-        "head_size",
-        "gpu_blocks",
-        "host_blocks",
-        "sessions",
-    ):
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
-        )
-    args = parser.parse_args(argv)
-    config = DemoConfig(**vars(args))
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
+    as_json = args.pop("json")
+    config = DemoConfig(**args)
+    _check(parser, config)
+    text = sys.stderr if as_json else sys.stdout
     if simulate_without_gpu():
         print(
             "no CUDA GPU here: running on Numba's CUDA simulator "
-            "(small sizes suit it; transfers are not timed)"
+            "(small sizes suit it; transfers are not timed)",
+            file=sys.stderr,
         )
     try:
-        report = run(config, progress=sys.stderr.isatty())
-    except (TraceError, ValueError, TypeError) as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
-    _print(report, config)
-    return 1 if report.mismatched else 0
+        report = run(config, progress=True)
+    except TraceError as error:
+        parser.error(f"argument --trace: {error}")
+    except DemoConfigError as error:
+        parser.error(str(error))
+    except DemoInterrupted as cut_short:
+        report, status = cut_short.report, INTERRUPTED
+        sys.stderr.write(
+            f"{parser.prog}: interrupted after {report.requests:,} of {cut_short.requests:,} "
+            "requests; the figures below are partial\n"
+        )
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{parser.prog}: interrupted before serving any request\n")
+        return INTERRUPTED
+    else:
+        status = 1 if report.mismatched else 0
+    _print(report, config, text)
+    if as_json:
+        print_json(
+            {"config": asdict(config), "interrupted": status == INTERRUPTED, **asdict(report)}
+        )
+    return status
 
 
 if __name__ == "__main__":

@@ -101,11 +101,21 @@ class KVOffloader:
             gpu_ids = gpu_ids[[position[block_hash] for block_hash in to_store]]
         return self._submit("store", to_store, gpu_ids, output.store_spec.block_ids, wait_event)
 
-    def load(self, block_hashes: Sequence[BlockHash], gpu_block_ids: Sequence[int]) -> int:
-        """Bring these host blocks into the given GPU blocks; all must be ready (see `lookup`)."""
+    def load(
+        self,
+        block_hashes: Sequence[BlockHash],
+        gpu_block_ids: Sequence[int],
+        wait_event: Any = None,
+    ) -> int:
+        """Bring these host blocks into the given GPU blocks; all must be ready (see `lookup`).
+
+        `wait_event` holds the copy back until kernels the engine queued before it (which may
+        still read the GPU blocks being overwritten) have run. `completion_event(job)` is what
+        the engine's stream waits on before it reads the loaded blocks.
+        """
         gpu_ids = self._gpu_ids(block_hashes, gpu_block_ids)
         spec = self.manager.prepare_load(block_hashes)
-        return self._submit("load", list(block_hashes), gpu_ids, spec.block_ids, None)
+        return self._submit("load", list(block_hashes), gpu_ids, spec.block_ids, wait_event)
 
     def blocks_filled(
         self,
@@ -165,6 +175,18 @@ class KVOffloader:
             self.wait(next(iter(self._jobs)))
         return self.poll()
 
+    def reset(self) -> list[tuple[int, bool]]:
+        """Forget every cached block, safely while jobs are in flight; returns what `poll` would.
+
+        Jobs in flight are finished and settled first (stores made ready, loads' pins released),
+        then the manager is reset: no job begun before the reset completes into the new cache,
+        and no host slot is handed out again while a copy still writes or reads it. Call this, not
+        `manager.reset_cache()`, while the offloader has jobs in flight.
+        """
+        finished = self.drain()
+        self.manager.reset_cache()
+        return finished
+
     def _collect(self) -> None:
         for job_id, success in self.transfers.get_finished():
             job = self._jobs.pop(job_id)
@@ -179,7 +201,7 @@ class KVOffloader:
 
     def completion_event(self, job_id: int) -> Any | None:
         """What the compute stream waits on before it reads a load's blocks (None once done)."""
-        return self.transfers.completion_event(job_id)
+        return self.transfers.completion_event(job_id) if job_id in self._jobs else None
 
     def in_flight(self, job_id: int) -> bool:
         """Whether the job has not finished yet (as far as the last poll or wait saw)."""

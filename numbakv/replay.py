@@ -1,35 +1,53 @@
 """Replay a request trace through the manager and report its hit ratio.
 
     python -m numbakv.replay [TRACE] --policy lru --capacity 10000 [--json]
-    python -m numbakv.replay TRACE --policy lru,arc,sarc --capacity 16GiB,64GiB --block-bytes N \
+    python -m numbakv.replay TRACE --policy lru,sarc --capacity 64GiB,256GiB --block-bytes 64MiB \
         [--plot hit_ratio.png] [--json]
 
-Each request is looked up, touched, and its missing tail stored (docs/MANAGER.md, "Replay"). Without a
-TRACE a built-in multi-turn chat workload is replayed. `--policy belady` replays Belady's MIN, the
-clairvoyant bound. With several policies or capacities (or --plot) the CLI plans capacity: it prints a table of
-hit ratios (Belady's row on top), optionally plots them, and `--json` ends with one object
-`{"runs": [...]}` holding every run's result.
+Each request is looked up, touched, and its missing tail stored (docs/MANAGER.md, "Replay"). TRACE
+is a Mooncake-format jsonl file or the shipped sample `mooncake_conversation`; without one a
+built-in multi-turn chat workload is replayed. With several policies or capacities (or --plot) it
+plans capacity: a table of hit ratios by capacity, in the unit the capacities were given in, and
+optionally a plot. `--policy belady` adds Belady's MIN, the clairvoyant bound. `--json` prints one
+JSON document on stdout and the human-readable text on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
 
-from tqdm import tqdm
-
-from numbakv.belady import belady_hits
+from numbakv.belady import BELADY, belady_hits
+from numbakv.cli import (
+    Parser,
+    interrupted,
+    missing_extra,
+    output_file,
+    positive_int,
+    print_json,
+)
 from numbakv.manager import CPUOffloadingManager
+from numbakv.planning import (
+    BELADY_NOTE,
+    Capacity,
+    bytes_label,
+    format_table,
+    parse_block_bytes,
+    parse_capacity,
+    plot_hit_ratios,
+)
 from numbakv.policies import POLICIES, resolve_policy
-from numbakv.traces import TraceError, read_hash_chains
+from numbakv.progress import Progress
+from numbakv.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
 from numbakv.workloads import multi_turn_chat
 
-BELADY = "belady"  # replay-only: the clairvoyant reference, not a policy of the manager
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+BUILT_IN = "built-in multi-turn chat workload"
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,15 @@ class ReplayResult:
     @property
     def block_operations_per_second(self) -> float:
         return self.block_operations / self.seconds if self.seconds > 0 else float("inf")
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a replay. Still a KeyboardInterrupt; `results` holds the runs finished and,
+    last, the one cut short (its `requests` counts the requests it replayed)."""
+
+    def __init__(self, results: list[ReplayResult]) -> None:
+        super().__init__()
+        self.results = results
 
 
 def replay_request(manager: CPUOffloadingManager, chain: Sequence[int]) -> tuple[int, int]:
@@ -71,25 +98,81 @@ def replay(
 ) -> ReplayResult:
     """Replay the chains in order, one request at a time, through a fresh manager.
 
-    `policy="belady"` replays Belady's MIN instead (clairvoyant; no manager involved).
+    `policy="belady"` replays Belady's MIN instead (clairvoyant; no manager involved). A capacity
+    beyond the trace's block references is never filled, so the manager gets only that many
+    slots. `progress` reports on stderr; Ctrl-C raises ReplayInterrupted with the partial result.
     """
+    with Progress("replaying", len(chains), "req", enabled=progress) as meter:
+        return _replay(chains, policy, capacity, store_threshold, meter)
+
+
+def replay_grid(
+    chains: Sequence[Sequence[int]],
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    store_threshold: int = 1,
+    progress: bool = False,
+) -> list[ReplayResult]:
+    """One replay per policy and capacity, policy by policy, capacities in the order given.
+
+    `progress` reports on the whole grid; Ctrl-C raises ReplayInterrupted with the runs finished
+    and the one cut short."""
+    runs = [(policy, capacity) for policy in policies for capacity in capacities]
+    results: list[ReplayResult] = []
+    with Progress("replaying", len(runs) * len(chains), "req", enabled=progress) as meter:
+        try:
+            for number, (policy, capacity) in enumerate(runs, start=1):
+                meter.describe(f"{policy} at {capacity:,} blocks (run {number} of {len(runs)})")
+                results.append(_replay(chains, policy, capacity, store_threshold, meter))
+        except ReplayInterrupted as cut_short:
+            raise ReplayInterrupted(results + cut_short.results) from None
+        except KeyboardInterrupt:  # between two runs
+            raise ReplayInterrupted(results) from None
+    return results
+
+
+def _replay(
+    chains: Sequence[Sequence[int]],
+    policy: str,
+    capacity: int,
+    store_threshold: int,
+    meter: Progress,
+) -> ReplayResult:
     if policy == BELADY:
-        return _replay_belady(chains, capacity)
+        return _replay_belady(chains, capacity, meter)
+    slots = max(1, min(capacity, sum(map(len, chains))))
     manager = CPUOffloadingManager(
-        block_size=1, num_blocks=capacity, cache_policy=policy, store_threshold=store_threshold
+        block_size=1, num_blocks=slots, cache_policy=policy, store_threshold=store_threshold
     )
-    block_operations = 0
+    requests = block_operations = 0
     started = time.perf_counter()
-    for chain in tqdm(chains, disable=not progress, unit="req", leave=False):
-        hits, stored = replay_request(manager, chain)
-        block_operations += 2 * len(chain) + len(chain) - hits + stored
+    try:
+        for chain in chains:
+            hits, stored = replay_request(manager, chain)
+            block_operations += 2 * len(chain) + len(chain) - hits + stored
+            requests += 1
+            meter.update()
+    except KeyboardInterrupt:
+        partial = _manager_result(manager, policy, capacity, requests, block_operations, started)
+        raise ReplayInterrupted([partial]) from None
+    return _manager_result(manager, policy, capacity, requests, block_operations, started)
+
+
+def _manager_result(
+    manager: CPUOffloadingManager,
+    policy: str,
+    capacity: int,
+    requests: int,
+    block_operations: int,
+    started: float,
+) -> ReplayResult:
     seconds = time.perf_counter() - started
     stats = manager.stats()
     references = stats.hit_blocks + stats.missed_blocks
     return ReplayResult(
         policy=policy,
         capacity=capacity,
-        requests=len(chains),
+        requests=requests,
         references=references,
         hits=stats.hit_blocks,
         hit_ratio=stats.hit_blocks / references if references else 0.0,
@@ -100,9 +183,12 @@ def replay(
     )
 
 
-def _replay_belady(chains: Sequence[Sequence[int]], capacity: int) -> ReplayResult:
+def _replay_belady(chains: Sequence[Sequence[int]], capacity: int, meter: Progress) -> ReplayResult:
     started = time.perf_counter()
-    hits, references, evictions = belady_hits(chains, capacity)
+    try:
+        hits, references, evictions = belady_hits(chains, capacity, meter)
+    except KeyboardInterrupt:  # MIN keeps no partial result
+        raise ReplayInterrupted([]) from None
     return ReplayResult(
         policy=BELADY,
         capacity=capacity,
@@ -117,237 +203,251 @@ def _replay_belady(chains: Sequence[Sequence[int]], capacity: int) -> ReplayResu
     )
 
 
-def replay_grid(
-    chains: Sequence[Sequence[int]],
-    policies: Sequence[str],
-    capacities: Sequence[int],
-    store_threshold: int = 1,
-    progress: bool = False,
-) -> list[ReplayResult]:
-    """One replay per policy and capacity, policy by policy, capacities in the order given."""
-    return [
-        replay(chains, policy, capacity, store_threshold, progress)
-        for policy in policies
-        for capacity in capacities
-    ]
+# The command line.
 
 
-BYTE_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+def _policy_names() -> str:
+    return ", ".join(POLICIES) + f", {BELADY} (replay only: the clairvoyant bound)"
 
 
-def parse_capacity(text: str, block_bytes: int | None = None) -> int:
-    """Blocks from `10000`, or from a byte size such as `64GiB` or `1.5TB` given `block_bytes`."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"bad capacity {text!r}: expected blocks (10000) or a size (64GiB)")
-    number, unit = match.groups()
-    if not unit:
-        if "." in number:
-            raise ValueError(f"bad capacity {text!r}: a number of blocks must be whole")
-        blocks = int(number)
-    else:
-        if unit.upper() not in BYTE_UNITS:
-            raise ValueError(
-                f"bad capacity {text!r}: unit {unit!r} is not one of {', '.join(BYTE_UNITS)}"
-            )
-        if block_bytes is None:
-            raise ValueError(f"capacity {text!r} is in bytes: give --block-bytes too")
-        blocks = int(float(number) * BYTE_UNITS[unit.upper()]) // block_bytes
-    if blocks < 1:
-        raise ValueError(f"capacity {text!r} is less than one block")
-    return blocks
-
-
-def format_table(results: Sequence[ReplayResult]) -> str:
-    """Hit ratios, one row per policy and one column per capacity, then seconds per reference."""
-    policies = list(dict.fromkeys(result.policy for result in results))
-    capacities = list(dict.fromkeys(result.capacity for result in results))
-    by_run = {(result.policy, result.capacity): result for result in results}
-    width = max(10, *(len(f"{capacity:,}") + 2 for capacity in capacities))
-    name_width = max(8, *(len(policy) for policy in policies)) + 2
-    lines = [
-        "hit ratio by capacity (blocks)",
-        "policy".ljust(name_width)
-        + "".join(f"{capacity:,}".rjust(width) for capacity in capacities)
-        + "us/ref".rjust(9),
-    ]
-    for policy in policies:
-        runs = [by_run[policy, capacity] for capacity in capacities if (policy, capacity) in by_run]
-        seconds = sum(run.seconds for run in runs)
-        references = sum(run.references for run in runs)
-        cells = "".join(
-            f"{by_run[policy, capacity].hit_ratio:.4f}".rjust(width)
-            if (policy, capacity) in by_run
-            else "-".rjust(width)
-            for capacity in capacities
-        )
-        lines.append(
-            policy.ljust(name_width) + cells + f"{1e6 * seconds / max(references, 1):9.2f}"
-        )
-    return "\n".join(lines)
-
-
-def plot_hit_ratios(results: Sequence[ReplayResult], path: str, title: str = "") -> None:
-    """Write a PNG of hit ratio against capacity, one line per policy (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError(
-            "--plot needs matplotlib: pip install 'numbakv[plot]' (or pip install matplotlib)"
-        ) from None
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for policy in dict.fromkeys(result.policy for result in results):
-        runs = sorted((r for r in results if r.policy == policy), key=lambda r: r.capacity)
-        style = {"color": "black", "linestyle": "--"} if policy == BELADY else {}
-        axes.plot(
-            [run.capacity for run in runs],
-            [run.hit_ratio for run in runs],
-            marker="o",
-            markersize=3,
-            label=policy,
-            **style,
-        )
-    axes.set_xscale("log")
-    axes.set_xlabel("capacity (blocks)")
-    axes.set_ylabel("hit ratio (block references)")
-    axes.set_ylim(bottom=0)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    if title:
-        axes.set_title(title)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-
-
-class _OneLineErrors(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print the usage block too
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrors(
+def _parser() -> Parser:
+    samples = ", ".join(SAMPLE_TRACES)
+    parser = Parser(
         prog="numbakv-replay",
-        description="Replay a Mooncake-format trace through the offloading manager.",
+        description="Replay a Mooncake-format trace through the offloading manager and report "
+        "its hit ratio; with several policies or capacities, a capacity-planning table.",
     )
     parser.add_argument(
-        "trace", nargs="?", help="jsonl trace (default: a built-in multi-turn chat workload)"
+        "trace",
+        nargs="?",
+        metavar="TRACE",
+        help=f"jsonl trace file, or the name of a shipped sample ({samples}) "
+        "(default: a built-in multi-turn chat workload)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=positive_int,
+        metavar="N",
+        help="replay only the first N requests of the trace (default: all)",
     )
     parser.add_argument(
         "--policy",
-        type=_names,
-        default=["lru"],
-        help="registered name, module:Class, or belady; several separated by commas (default lru)",
+        default="lru",
+        help=f"cache policies, comma-separated: {_policy_names()}, "
+        "or an import path module:Class (default: %(default)s)",
     )
     parser.add_argument(
         "--capacity",
-        type=_names,
-        default=["10000"],
-        help="host blocks, or bytes with a unit (64GiB) and --block-bytes; comma-separated list",
+        default="10000",
+        help="host capacities, comma-separated: blocks (10000) or sizes with a unit (64GiB, 1.5TB; "
+        "needs --block-bytes) (default: %(default)s)",
     )
     parser.add_argument(
-        "--block-bytes", type=_positive, help="bytes of one KV block, for capacities in bytes"
+        "--block-bytes",
+        type=_block_bytes,
+        metavar="SIZE",
+        help="bytes of one KV block, all layers, K and V, for capacities given as sizes: "
+        "2097152 or 2MiB (default: none)",
     )
-    parser.add_argument("--plot", metavar="PNG", help="plot hit ratio against capacity to a PNG")
     parser.add_argument(
-        "--store-threshold", type=_positive, default=1, help="admit a block after N sightings"
+        "--store-threshold",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="store a block only once it has been looked up N times (default: %(default)s)",
     )
-    parser.add_argument("--json", action="store_true", help="end with one JSON object on stdout")
     parser.add_argument(
-        "--list-policies", action="store_true", help="print the registered policies"
+        "--plot",
+        metavar="FILE",
+        type=output_file,
+        help="draw hit ratio against capacity to FILE (.png, .svg or .pdf; needs the 'plot' "
+        "extra) (default: no plot)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document on stdout, the human-readable text on stderr "
+        "(default: text on stdout)",
+    )
+    parser.add_argument(
+        "--list-policies", action="store_true", help="list the policies --policy accepts and exit"
     )
     return parser
+
+
+def _block_bytes(text: str) -> int:
+    try:
+        return parse_block_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _names(text: str) -> list[str]:
+    return list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the arguments ask for, every one checked."""
+
+    trace: Path | None
+    policies: list[str]
+    capacities: list[Capacity]
+
+
+def _check(parser: Parser, args: argparse.Namespace) -> _Plan:
+    policies = _names(args.policy)
+    if not policies:
+        parser.bad("--policy", args.policy, f"one or more of {_policy_names()}")
+    for policy in policies:
+        if policy == BELADY:
+            continue
+        try:
+            resolve_policy(policy)
+        except (ValueError, TypeError) as error:
+            if ":" in policy:
+                parser.error(f"argument --policy: {error}")
+            parser.bad("--policy", policy, f"one of {_policy_names()}, or module:Class")
+    capacities: dict[int, Capacity] = {}
+    for text in _names(args.capacity) or [args.capacity]:
+        try:
+            capacity = parse_capacity(text, args.block_bytes)
+        except ValueError as error:
+            parser.error(f"argument --capacity: {error}")
+        capacities.setdefault(capacity.blocks, capacity)
+    if len({bool(capacity.unit) for capacity in capacities.values()}) > 1:
+        parser.bad("--capacity", args.capacity, "all in blocks or all as sizes, not a mix")
+    if args.plot:
+        if Path(args.plot).suffix.lower() not in PLOT_FORMATS:
+            parser.bad("--plot", args.plot, f"a file name ending in {', '.join(PLOT_FORMATS)}")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            missing_extra(parser.prog, "--plot", "plot")
+    trace = None
+    if args.trace is not None:
+        try:
+            trace = check_trace(args.trace)
+        except TraceError as error:
+            parser.error(f"argument TRACE: {error}")
+    return _Plan(trace, policies, list(capacities.values()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_policies:
-        print("\n".join(POLICIES))
+        _list_policies(args.json)
         return 0
+    plan = _check(parser, args)
+    text = sys.stderr if args.json else sys.stdout
+    source = args.trace or BUILT_IN
     try:
-        capacities = [parse_capacity(text, args.block_bytes) for text in args.capacity]
-        policies = args.policy
-        for policy in policies:
-            if policy != BELADY:
-                try:
-                    resolve_policy(policy)
-                except ValueError as error:
-                    raise ValueError(f"{error}, or {BELADY!r} (replays only)") from None
-        if not policies or not capacities:
-            raise ValueError("give at least one policy and one capacity")
-        chains = (
-            read_hash_chains(args.trace)
-            if args.trace
-            else [request.hash_ids for request in multi_turn_chat()]
-        )
-        source = args.trace or "built-in multi-turn chat workload"
-        if len(policies) == 1 and len(capacities) == 1 and not args.plot:
-            result = replay(
-                chains,
-                policy=policies[0],
-                capacity=capacities[0],
-                store_threshold=args.store_threshold,
-                progress=sys.stderr.isatty(),
-            )
+        if plan.trace is not None:
+            chains = read_hash_chains(plan.trace, progress=True)
         else:
-            if BELADY not in policies:
-                policies = [BELADY, *policies]
-            results = replay_grid(
-                chains, policies, capacities, args.store_threshold, sys.stderr.isatty()
-            )
-            print(f"trace  {source}")
-            print(format_table(results))
-            if args.plot:
-                plot_hit_ratios(results, args.plot, title=source.rsplit("/", 1)[-1])
-                print(f"plot   {args.plot}")
-            if args.json:
-                print(json.dumps({"runs": [asdict(result) for result in results]}))
-            return 0
-    except (TraceError, ValueError, TypeError, RuntimeError) as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
-    print(f"trace           {source}")
-    print(f"policy          {result.policy}, capacity {result.capacity:,} blocks")
+            chains = [request.hash_ids for request in multi_turn_chat()]
+        total = len(chains)
+        chains = chains[: args.requests]
+    except TraceError as error:
+        parser.exit(2, f"{parser.prog}: error: argument TRACE: {error}\n")
+    except KeyboardInterrupt:
+        return interrupted(parser.prog, "while reading the trace; nothing was replayed")
+    status = 0
+    try:
+        results = replay_grid(
+            chains, plan.policies, [c.blocks for c in plan.capacities], args.store_threshold, True
+        )
+    except ReplayInterrupted as cut_short:
+        results = cut_short.results
+        runs = len(plan.policies) * len(plan.capacities)
+        status = interrupted(parser.prog, _partial(results, runs, len(chains)))
+        if not results:
+            return status
+    first = f"the first {len(chains):,} of " if len(chains) < total else ""
+    print(f"trace           {source} ({first}{total:,} requests)", file=text)
+    single = len(plan.policies) == 1 and len(plan.capacities) == 1 and not args.plot
+    if single:
+        _print_run(results[0], plan.capacities[0], args.block_bytes, text)
+    else:
+        print(format_table(results, plan.capacities, args.block_bytes), file=text)
+    if args.plot and not status:
+        plot_hit_ratios(results, plan.capacities, args.plot, title=Path(source).name)
+        print(f"plot            {args.plot}", file=text)
+    if args.json:
+        by_blocks = {capacity.blocks: capacity for capacity in plan.capacities}
+        runs = [
+            _run_json(result, by_blocks[result.capacity], args.block_bytes) for result in results
+        ]
+        common = {"trace": source, "interrupted": bool(status)}
+        print_json({**runs[0], **common} if single else {**common, "runs": runs})
+    return status
+
+
+def _partial(results: list[ReplayResult], runs: int, requests: int) -> str:
+    """What an interrupted replay leaves: `after 2 of 6 runs; lru at 100 blocks stopped ...`."""
+    done = sum(result.requests == requests for result in results)
+    text = f"after {done} of {runs} runs"
+    if results and results[-1].requests < requests:
+        cut = results[-1]
+        text += (
+            f"; {cut.policy} at {cut.capacity:,} blocks stopped after {cut.requests:,} of "
+            f"{requests:,} requests, its figures are partial"
+        )
+    return text
+
+
+def _print_run(
+    result: ReplayResult, capacity: Capacity, block_bytes: int | None, out: TextIO
+) -> None:
+    policy = f"{BELADY_NOTE}" if result.policy == BELADY else result.policy
+    size = f"{capacity.label}: " if capacity.unit else ""
+    of = f" of {bytes_label(block_bytes)}" if block_bytes else ""
+    print(f"policy          {policy}", file=out)
+    print(f"capacity        {size}{result.capacity:,} blocks{of}", file=out)
     print(
-        f"hit ratio       {result.hit_ratio:.4f}  ({result.hits:,} of {result.references:,} block references)"
+        f"hit ratio       {result.hit_ratio:.4f}  "
+        f"({result.hits:,} of {result.references:,} block references)",
+        file=out,
     )
-    print(f"evictions       {result.evictions:,}")
-    print(f"stores skipped  {result.stores_skipped:,}")
+    print(f"evictions       {result.evictions:,}", file=out)
+    print(f"stores skipped  {result.stores_skipped:,}", file=out)
     print(
         f"speed           {result.block_operations_per_second:,.0f} block operations/s "
-        f"({result.requests:,} requests in {result.seconds:.2f} s)"
+        f"({result.requests:,} requests in {result.seconds:.2f} s)",
+        file=out,
     )
-    if args.json:
-        print(json.dumps(asdict(result)))
-    return 0
+
+
+def _run_json(result: ReplayResult, capacity: Capacity, block_bytes: int | None) -> dict:
+    run = asdict(result)
+    if capacity.unit:
+        run["capacity_size"] = capacity.label
+    if block_bytes:
+        run["block_bytes"] = block_bytes
+        run["capacity_bytes"] = result.capacity * block_bytes
+    return run
+
+
+def _list_policies(as_json: bool) -> None:
+    policies = [
+        {"name": name, "replay_only": False, "about": (cls.__doc__ or "").strip().split("\n")[0]}
+        for name, cls in POLICIES.items()
+    ]
+    policies.append(
+        {
+            "name": BELADY,
+            "replay_only": True,
+            "about": "Belady's MIN, the clairvoyant bound: it knows every future request",
+        }
+    )
+    if as_json:
+        print_json({"policies": policies})
+        return
+    width = max(len(policy["name"]) for policy in policies) + 2
+    for policy in policies:
+        mark = " [replay only]" if policy["replay_only"] else ""
+        print(f"{policy['name']:<{width}}{policy['about']}{mark}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Synthetic traffic in the trace format, seeded and deterministic.
 
-python -m numbakv.workloads --kind mixed|documents|chat|loop [--seed N] --out FILE.jsonl
+python -m numbakv.workloads --kind mixed|documents|chat|loop [--seed N] --out FILE.jsonl [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
+import sys
 from itertools import count
 
 import numpy as np
 
+from numbakv.cli import INTERRUPTED, Parser, non_negative_int, output_file, print_json
 from numbakv.traces import TraceRequest, write_trace
 
 BLOCK_TOKENS = 512  # tokens per block id, as in the Mooncake traces
@@ -166,23 +167,75 @@ WORKLOADS = {
 }
 
 
+KINDS = {
+    "chat": "multi-turn chat sessions on a few system prompts (recency is all there is)",
+    "mixed": "sessions, questions about shared documents and one-off long prompts",
+    "documents": "mostly questions over a large document library (RAG-like)",
+    "loop": "a batch job sweeping a fixed document set again and again",
+}
+
+
+def _parser() -> Parser:
+    parser = Parser(
+        prog="numbakv-workload",
+        description="Write a seeded synthetic workload as a Mooncake-format jsonl trace. Kinds: "
+        + "; ".join(f"{kind}: {about}" for kind, about in KINDS.items())
+        + ".",
+    )
+    parser.add_argument(
+        "--kind", choices=list(WORKLOADS), default="mixed", help="workload (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="random seed, a whole number >= 0; the same seed writes the same file "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=output_file,
+        metavar="FILE",
+        help="jsonl file to write (required)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary on stdout, the human-readable line on stderr "
+        "(default: the line on stdout)",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """The workload CLI: write one seeded workload to a jsonl file."""
-    parser = argparse.ArgumentParser(
-        prog="python -m numbakv.workloads",
-        description="Write a seeded synthetic workload as a Mooncake-format jsonl trace.",
-    )
-    parser.add_argument("--kind", choices=sorted(WORKLOADS), default="mixed")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="jsonl file to write")
+    parser = _parser()
     args = parser.parse_args(argv)
-    requests = WORKLOADS[args.kind](seed=args.seed)
-    write_trace(args.out, requests)
+    try:
+        requests = WORKLOADS[args.kind](seed=args.seed)
+        write_trace(args.out, requests)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{parser.prog}: interrupted; {args.out} was not written\n")
+        return INTERRUPTED
     references = sum(len(request.hash_ids) for request in requests)
     distinct = len({block for request in requests for block in request.hash_ids})
     print(
-        f"{args.out}: {len(requests):,} requests, {references:,} block references, {distinct:,} distinct"
+        f"{args.out}: {len(requests):,} requests, {references:,} block references, "
+        f"{distinct:,} distinct",
+        file=sys.stderr if args.json else sys.stdout,
     )
+    if args.json:
+        print_json(
+            {
+                "out": args.out,
+                "kind": args.kind,
+                "seed": args.seed,
+                "requests": len(requests),
+                "references": references,
+                "distinct_blocks": distinct,
+            }
+        )
     return 0
 
 

@@ -1,99 +1,149 @@
-"""Reading a prometheus-client multiprocess directory that may be missing, empty or hold truncated files."""
+"""One read of the metrics directory: every file merged and rendered, what cannot be is skipped and named.
+
+A read never fails and never blocks: a missing directory, a FIFO, a link, an oversized, truncated,
+vanishing or malformed file, or data that does not merge with the others' each end up in
+``DirectoryState.skipped`` (or ``error``), and the rest is served. Live gauges of writers that died
+(:mod:`numbakv.metrics.liveness`) are left out, as prometheus-client's ``mark_process_dead`` would.
+"""
 
 from __future__ import annotations
 
-import glob
 import os
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from numbakv.metrics.directory import (
+    MAX_FILE_BYTES,
+    FileData,
+    Unreadable,
+    directory_lock,
+    list_directory,
+    merge,
+    read_file,
+)
+from numbakv.metrics.liveness import writer_alive
+
+LOCK_WAIT_S = 2.0
+"""How long a read waits for a writer's compaction to finish before it reads without the lock."""
+_EOF = b"# EOF\n"
 
 
 @dataclass(frozen=True)
 class DirectoryState:
-    """What the last read found: served by ``/healthz``."""
+    """What a read found: served by ``/healthz``."""
 
     path: str
-    exists: bool
-    files: int
-    unreadable: tuple[str, ...] = ()
+    exists: bool | None
+    """None before the first read."""
+    files: int = 0
+    """Metrics files merged."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Files left out, each with the reason."""
+    dead_writers: int = 0
+    error: str | None = None
+    """Why the directory could not be read at all."""
 
     @property
-    def problem(self) -> str | None:
+    def problems(self) -> list[str]:
+        if self.error is not None:
+            return [self.error]
         if not self.exists:
-            return "metrics directory does not exist (no engine has written metrics yet?)"
-        if self.files == 0:
-            return "metrics directory is empty (no engine has written metrics yet?)"
-        if self.unreadable:
-            return (
-                f"skipped {len(self.unreadable)} unreadable file(s): {', '.join(self.unreadable)}"
-            )
-        return None
+            return ["the metrics directory does not exist (no engine has written metrics yet?)"]
+        found = [] if self.files else ["no metrics files (no engine has written metrics yet?)"]
+        if self.skipped:
+            shown = [f"{name} ({why})" for name, why in sorted(self.skipped.items())[:20]]
+            more = f" and {len(self.skipped) - 20} more" if len(self.skipped) > 20 else ""
+            found.append(f"skipped {len(self.skipped)} file(s): {'; '.join(shown)}{more}")
+        return found
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """The merged metrics of one read and what it found; ``collect()`` lets encoders render it."""
+class Reading:
+    """The merged metrics, rendered once in both formats, and the directory's state."""
 
     metrics: tuple[Metric, ...]
+    text: bytes
+    """Prometheus text format 0.0.4."""
+    openmetrics: bytes
+    """OpenMetrics 1.0.0."""
     state: DirectoryState
-    taken_at: float
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.metrics)
 
 
 class MetricsDirectory:
-    """The directory's ``*.db`` files merged, never failing a scrape: unreadable files are skipped.
+    """Reads a prometheus-client multiprocess directory as the engines' processes left it."""
 
-    Reading merges every file (a few ms for tens of files): requests share the last read while it is
-    younger than ``max_age_s``, and a background :meth:`refresh` keeps it young, so no request waits
-    for a read.
-    """
-
-    def __init__(self, path: str, max_age_s: float = 0.0) -> None:
+    def __init__(self, path: str, max_file_bytes: int = MAX_FILE_BYTES) -> None:
         self.path = path
-        self.max_age_s = max_age_s
-        self._lock = threading.Lock()
-        self._last: Snapshot | None = None
+        self.max_file_bytes = max_file_bytes
 
-    def snapshot(self) -> Snapshot:
-        """The last read if younger than ``max_age_s``, else a fresh one."""
-        last = self._last
-        if last is not None and time.monotonic() - last.taken_at < self.max_age_s:
-            return last
-        return self.refresh()
-
-    def refresh(self) -> Snapshot:
-        """Read the directory now and keep the result for :meth:`snapshot`."""
-        with self._lock:
-            taken_at = time.monotonic()
-            metrics, state = self.read()
-            self._last = Snapshot(tuple(metrics), state, taken_at)
-            return self._last
-
-    def read(self) -> tuple[list[Metric], DirectoryState]:
-        """Merge every readable file now (counters summed, live gauges summed, histograms merged)."""
-        if not os.path.isdir(self.path):
-            return [], DirectoryState(self.path, exists=False, files=0)
-        files = sorted(glob.glob(os.path.join(self.path, "*.db")))
+    def read(self) -> Reading:
+        """Merge every file that can be read and merged now; never raises for what is on disk."""
         try:
-            metrics = list(MultiProcessCollector.merge(files, accumulate=True))
-            return metrics, DirectoryState(self.path, True, len(files))
-        except Exception:  # noqa: BLE001 (a truncated or half-written file: find it, merge the rest)
-            good = [f for f in files if _readable(f)]
-            unreadable = tuple(os.path.basename(f) for f in files if f not in good)
-            metrics = list(MultiProcessCollector.merge(good, accumulate=True))
-            return metrics, DirectoryState(self.path, True, len(files), unreadable)
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return _reading([], DirectoryState(self.path, exists=False))
+        except OSError as exc:
+            error = f"cannot open the metrics directory: {exc.strerror}"
+            return _reading([], DirectoryState(self.path, exists=True, error=error))
+        try:
+            files, skipped, dead = self._read_files(dir_fd)
+        except OSError as exc:
+            error = f"cannot list the metrics directory: {exc.strerror}"
+            return _reading([], DirectoryState(self.path, exists=True, error=error))
+        finally:
+            os.close(dir_fd)
+        families, unmerged = merge(files, accumulate=True, render=_render)
+        skipped.update(unmerged)
+        state = DirectoryState(self.path, True, len(files) - len(unmerged), skipped, dead)
+        return _reading(families, state)
+
+    def _read_files(self, dir_fd: int) -> tuple[list[FileData], dict[str, str], int]:
+        """The files' data, the files skipped, and how many writers are dead."""
+        # Shared with other readers; a compacting writer waits for it, and we for its few ms.
+        with directory_lock(dir_fd, exclusive=False, timeout_s=LOCK_WAIT_S):
+            listing = list_directory(os.listdir(dir_fd))
+            dead = {pid for pid, lock in listing.writers.items() if not writer_alive(dir_fd, lock)}
+            skipped = dict.fromkeys(listing.unknown, "not a file name prometheus-client writes")
+            files = []
+            for db in listing.files:
+                if db.live and db.pid in dead:
+                    continue
+                try:
+                    files.append(read_file(dir_fd, db, self.max_file_bytes))
+                except FileNotFoundError:
+                    continue  # removed since the listing: its writer exited or was compacted
+                except Unreadable as exc:
+                    skipped[db.name] = str(exc)
+                except OSError as exc:
+                    skipped[db.name] = exc.strerror or str(exc)
+                except Exception as exc:  # noqa: BLE001 (whatever a file does, the others are served)
+                    skipped[db.name] = f"{type(exc).__name__}: {exc}"
+        return files, skipped, len(dead)
 
 
-def _readable(path: str) -> bool:
-    try:
-        MultiProcessCollector.merge([path], accumulate=True)
-        return True
-    except Exception:  # noqa: BLE001 (any parse error means this one file is unusable)
-        return False
+class _Family:
+    """One metric as a collector, for the encoders."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+def _render(metric: Metric) -> tuple[bytes, bytes]:
+    """The family in both formats: a family that cannot be rendered is found while reading."""
+    family = _Family(metric)
+    return generate_latest(family), openmetrics.generate_latest(family).removesuffix(_EOF)
+
+
+def _reading(families: list[tuple[Metric, tuple[bytes, bytes]]], state: DirectoryState) -> Reading:
+    return Reading(
+        metrics=tuple(metric for metric, _ in families),
+        text=b"".join(text for _, (text, _) in families),
+        openmetrics=b"".join(om for _, (_, om) in families) + _EOF,
+        state=state,
+    )

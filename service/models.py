@@ -6,15 +6,22 @@ from pydantic import BaseModel, Field
 
 
 class Health(BaseModel):
-    """The sidecar is up; ``status`` says whether it has metrics to serve."""
+    """The sidecar is up (always 200); ``status`` says whether what it serves is whole and fresh."""
 
     status: str = Field(
-        description='"ok", or "degraded" when the directory is missing, empty or partly unreadable'
+        description='"ok", or "degraded" when the directory is missing or empty, files were '
+        "skipped, or the last read is stale"
     )
     metrics_dir: str
-    dir_exists: bool
-    files: int = Field(description="*.db files in the directory")
-    unreadable_files: list[str]
+    dir_exists: bool | None = Field(description="null until the first read finishes")
+    files: int = Field(description="metrics files merged in the last read")
+    skipped_files: dict[str, str] = Field(
+        description="files left out of the last read, each with the reason"
+    )
+    dead_writers: int = Field(
+        description="writer processes found dead: their live gauges no longer count"
+    )
+    read_age_seconds: float = Field(description="how long ago the served read finished")
     detail: str | None = Field(description="what is wrong, when status is degraded")
 
 

@@ -11,55 +11,98 @@ HOST_ENV = "NUMBAKV_SIDECAR_HOST"
 PORT_ENV = "NUMBAKV_SIDECAR_PORT"
 METRICS_DIR_ENV = "NUMBAKV_METRICS_DIR"
 CACHE_ENV = "NUMBAKV_SIDECAR_CACHE_SECONDS"
+TIMEOUT_ENV = "NUMBAKV_SIDECAR_REQUEST_TIMEOUT_SECONDS"
+MAX_CONNECTIONS_ENV = "NUMBAKV_SIDECAR_MAX_CONNECTIONS"
 DEFAULT_METRICS_DIR = "/tmp/numbakv-metrics"
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Where to listen and which directory to read; loopback by default."""
+    """Where to listen, which directory to read, and the connection limits; loopback by default."""
 
     host: str = "127.0.0.1"
     port: int = 9464
     metrics_dir: str = DEFAULT_METRICS_DIR
     cache_s: float = 0.25
-    """How often a background thread re-reads the directory; requests share its last read (0: read per request)."""
+    """How often a background thread re-reads the directory; requests serve its last read."""
     sample_interval_s: float = 1.0
     """How often the rate window behind ``/stats`` takes a sample."""
+    request_timeout_s: float = 5.0
+    """A connection is closed when it has not sent a request and been answered this long after
+    opening or after its previous response (so also when idle that long)."""
+    max_connections: int = 128
+    """Open connections past this close the oldest one."""
+
+
+# flag, Settings field, type, metavar, environment variables (the first set wins), help, range
+# (above the first bound, at most the second)
+_OPTIONS = (
+    ("--host", "host", str, "ADDRESS", (HOST_ENV,), "address to bind", None),
+    ("--port", "port", int, "PORT", (PORT_ENV,), "port to listen on", (0, 65535)),
+    (
+        "--metrics-dir",
+        "metrics_dir",
+        str,
+        "DIR",
+        (METRICS_DIR_ENV, "PROMETHEUS_MULTIPROC_DIR"),
+        "the engines' PROMETHEUS_MULTIPROC_DIR",
+        None,
+    ),
+    (
+        "--cache-seconds",
+        "cache_s",
+        float,
+        "SECONDS",
+        (CACHE_ENV,),
+        "re-read the directory this often, in the background",
+        (0, 60),
+    ),
+    (
+        "--request-timeout-seconds",
+        "request_timeout_s",
+        float,
+        "SECONDS",
+        (TIMEOUT_ENV,),
+        "close a connection that has not sent a request and been answered this long "
+        + "after opening or after its previous response",
+        (0, 300),
+    ),
+    (
+        "--max-connections",
+        "max_connections",
+        int,
+        "N",
+        (MAX_CONNECTIONS_ENV,),
+        "open connections at most; one more closes the oldest",
+        (0, 65536),
+    ),
+)
 
 
 def parse_settings(
     argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ
 ) -> Settings:
-    """Flags win over ``NUMBAKV_SIDECAR_HOST``/``_PORT`` and ``NUMBAKV_METRICS_DIR``
-    (then ``PROMETHEUS_MULTIPROC_DIR``), which win over the defaults."""
-    parser = argparse.ArgumentParser(prog="numbakv-sidecar", description=__doc__)
-    parser.add_argument(
-        "--host",
-        default=env.get(HOST_ENV, Settings.host),
-        help=f"address to bind (env {HOST_ENV}; default %(default)s)",
+    """Flags win over the environment variables, which win over the defaults."""
+    parser = argparse.ArgumentParser(
+        prog="numbakv-sidecar",
+        description="Serve what an engine's processes record in a prometheus-client multiprocess "
+        "directory: GET /metrics, /healthz, /stats.",
     )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=int(env.get(PORT_ENV, Settings.port)),
-        help=f"port to listen on (env {PORT_ENV}; default %(default)s)",
-    )
-    parser.add_argument(
-        "--metrics-dir",
-        default=env.get(METRICS_DIR_ENV, env.get("PROMETHEUS_MULTIPROC_DIR", DEFAULT_METRICS_DIR)),
-        help=f"the engine's PROMETHEUS_MULTIPROC_DIR (env {METRICS_DIR_ENV}; default %(default)s)",
-    )
-    parser.add_argument(
-        "--cache-seconds",
-        type=float,
-        default=float(env.get(CACHE_ENV, Settings.cache_s)),
-        help=f"re-read the directory this often, in the background (env {CACHE_ENV}; default %(default)s)",
-    )
+    for flag, name, kind, metavar, variables, help_text, _ in _OPTIONS:
+        default = getattr(Settings, name)
+        parser.add_argument(
+            flag,
+            dest=name,
+            type=kind,
+            metavar=metavar,
+            # A string default goes through ``type`` like a flag's value: a bad variable gets
+            # argparse's one-line error, not a traceback.
+            default=next((env[v] for v in variables if v in env), str(default)),
+            help=f"{help_text} (env {', then '.join(variables)}; default {default})",
+        )
     args = parser.parse_args(argv)
-    if not 0 < args.port < 65536:
-        parser.error(f"--port must be in 1..65535, not {args.port}")
-    if not 0 <= args.cache_seconds <= 60:
-        parser.error(f"--cache-seconds must be in 0..60, not {args.cache_seconds}")
-    return Settings(
-        host=args.host, port=args.port, metrics_dir=args.metrics_dir, cache_s=args.cache_seconds
-    )
+    for flag, name, *_, bounds in _OPTIONS:
+        value = getattr(args, name)
+        if bounds is not None and not bounds[0] < value <= bounds[1]:
+            parser.error(f"{flag} must be above {bounds[0]} and at most {bounds[1]}, not {value}")
+    return Settings(**{name: getattr(args, name) for _, name, *_ in _OPTIONS})

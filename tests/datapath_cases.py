@@ -31,9 +31,17 @@ class KVCache:
         return b"".join(layer[block].tobytes() for layer in copies)
 
     def poison(self) -> None:
-        """Fill the arrays (strided views too: simulated memory is NumPy) with the GPU poison."""
+        """Fill the arrays (strided views too, through Numba's assignment) with the GPU poison."""
         for array in self.arrays:
-            array._ary.view(np.uint8)[...] = GPU_POISON
+            array[...] = np.frombuffer(bytes([GPU_POISON]) * array.dtype.itemsize, array.dtype)[0]
+
+
+def finish(engine, *job_ids) -> list:
+    """Wait for `job_ids`, then everything `get_finished` reports, sorted (a GPU runs jobs
+    asynchronously: a job is reported only once it has finished)."""
+    for job_id in job_ids:
+        engine.wait(job_id)
+    return sorted(engine.get_finished())
 
 
 def random_array(rng: np.random.Generator, shape: tuple, dtype) -> np.ndarray:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
+
+from prometheus_client.mmap_dict import MmapedDict
 
 from numbakv.manager import ManagerStats
 
@@ -123,3 +127,32 @@ def run_writers(directory, *writers: tuple[str, int]) -> None:
         for instance, repeats in writers
     ]
     assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
+
+
+def start_writer(directory, instance: str, seconds: float = 60.0) -> subprocess.Popen:
+    """A writer process that keeps running (varied workload, syncing every 0.1 s) for ``seconds``;
+    returns once its files exist, so that it can be killed with its live gauges in place."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    proc = subprocess.Popen([sys.executable, WRITER, instance, "1", str(seconds)], env=env)
+    gauges = os.path.join(str(directory), f"gauge_livesum_{proc.pid}.db")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(gauges):
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer never wrote"
+        time.sleep(0.02)
+    return proc
+
+
+def write_metrics_file(path, entries: list[tuple[str, float]]) -> None:
+    """A metrics file with the given (key, value) entries, written by prometheus-client's own
+    writer: keys are whatever JSON (or not) the test wants."""
+    values = MmapedDict(str(path))
+    try:
+        for key, value in entries:
+            values.write_value(key, value, 0.0)
+    finally:
+        values.close()
+
+
+def key(metric: str, sample: str, labels: dict, help_text="help") -> str:
+    """An entry's key as prometheus-client writes it (any types: tests make malformed ones)."""
+    return json.dumps([metric, sample, labels, help_text], sort_keys=True)

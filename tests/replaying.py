@@ -11,3 +11,17 @@ from numbakv.replay import replay_request
 def replay_into(manager: CPUOffloadingManager, chains: Iterable[Sequence[int]]) -> None:
     for chain in chains:
         replay_request(manager, chain)
+
+
+def interrupted_at(request: int):
+    """A replay_request that raises KeyboardInterrupt at its `request`-th call, as Ctrl-C would."""
+    calls = 0
+
+    def step(manager: CPUOffloadingManager, chain: Sequence[int]) -> tuple[int, int]:
+        nonlocal calls
+        calls += 1
+        if calls == request:
+            raise KeyboardInterrupt
+        return replay_request(manager, chain)
+
+    return step

@@ -52,7 +52,9 @@ def running(
             proc.wait()
 
 
-def sidecar(metrics_dir: str, port: int) -> contextlib.AbstractContextManager[subprocess.Popen]:
+def sidecar(
+    metrics_dir: str, port: int, *flags: str, **popen
+) -> contextlib.AbstractContextManager[subprocess.Popen]:
     """The sidecar under uvicorn, as ``numbakv-sidecar`` runs it, on 127.0.0.1."""
     args = [
         sys.executable,
@@ -64,5 +66,6 @@ def sidecar(metrics_dir: str, port: int) -> contextlib.AbstractContextManager[su
         str(port),
         "--metrics-dir",
         metrics_dir,
+        *flags,
     ]
-    return running(args, f"http://127.0.0.1:{port}/healthz", cwd=ROOT)
+    return running(args, f"http://127.0.0.1:{port}/healthz", cwd=ROOT, **popen)

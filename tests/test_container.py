@@ -11,7 +11,7 @@ import tempfile
 import httpx
 import pytest
 
-from tests.metrics_fakes import run_writers
+from tests.metrics_fakes import run_writers, start_writer
 from tests.servers import ROOT, free_port, wait_http
 
 pytestmark = pytest.mark.container
@@ -152,6 +152,11 @@ def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir(mode=0o755)
     run_writers(metrics_dir, ("gpu0", 1))
+    # One writer alive, one killed: the sidecar in the image, on a read-only mount and as another
+    # user, tells them apart by their locks.
+    alive, killed = start_writer(metrics_dir, "gpu1"), start_writer(metrics_dir, "gpu2")
+    killed.kill()
+    killed.wait()
     port = free_port()
     container = buildah("from", image)
     env = ["--env", "NUMBAKV_SIDECAR_HOST=127.0.0.1", "--env", f"NUMBAKV_SIDECAR_PORT={port}"]
@@ -177,12 +182,19 @@ def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
         )
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz", 60, server)
-            assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["status"] == "ok"
+            health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
+            assert health["status"] == "ok" and health["dead_writers"] == 1, health
             scrape = httpx.get(f"http://127.0.0.1:{port}/metrics").text
             assert 'numbakv_lookups_total{instance="gpu0",policy="arc"} 2.0' in scrape
+            capacity = [line for line in scrape.splitlines() if "capacity_blocks{" in line]
+            assert capacity == [
+                'numbakv_host_capacity_blocks{instance="gpu1",policy="arc"} 1000.0'
+            ], capacity
             buildah("run", *env, container, "--", "python3", "-m", "service.healthcheck")
         finally:
             server.terminate()
             server.wait(timeout=30)
     finally:
+        alive.kill()
+        alive.wait()
         buildah("rm", container)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-generate = pytest.importorskip(
-    "dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed"
+from dashboards import generate
+
+board = pytest.importorskip(
+    "dashboards.board", reason="grafana-foundation-sdk (extra: dashboards) not installed"
 )
 
 
@@ -16,8 +20,8 @@ def committed() -> dict:
 
 
 def test_committed_json_is_what_the_code_generates():
-    assert generate.OUTPUT.read_text() == generate.render(), (
-        "stale: run `python -m dashboards.generate`"
+    assert generate.OUTPUT.read_text() == board.render(), (
+        "stale: run `python -m dashboards.generate --out dashboards/numbakv.json`"
     )
 
 
@@ -44,3 +48,45 @@ def test_dashboard_has_the_required_panels_and_variables():
 def test_every_expression_filters_by_the_instance_variable():
     for expr in generate.expressions(committed()):
         assert 'instance=~"$instance"' in expr, expr
+
+
+def test_generate_writes_stdout_or_out_from_any_directory(tmp_path):
+    """Run as a module from outside the repository: JSON alone on stdout, or the file --out names."""
+    command = [sys.executable, "-m", "dashboards.generate"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert done.stdout == generate.OUTPUT.read_text() and done.stderr == ""
+    out = tmp_path / "board.json"
+    done = subprocess.run(
+        [*command, "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.read_text() == generate.OUTPUT.read_text() and done.stdout == ""
+    assert f"wrote {out}" in done.stderr
+
+
+def test_generate_help_names_out(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--out FILE" in capsys.readouterr().out
+
+
+def test_generate_without_the_extra_names_the_pip_command(tmp_path):
+    """grafana-foundation-sdk blocked: one line naming the extra, no traceback."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('grafana_foundation_sdk'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from dashboards.generate import main\n"
+        "sys.exit(main([]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "numbakv-dashboards: error: generating the dashboard needs the 'dashboards' extra: "
+        "pip install 'numbakv[dashboards]'\n"
+    )

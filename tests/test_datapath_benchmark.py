@@ -20,6 +20,12 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     (row,) = report["rows"]
     assert row["chunk_bytes"] == 512 and row["job_bytes"] == row["blocks_per_job"] * 2 * 512
     assert set(row["gather_gbps"]) == set(row["scatter_gbps"]) == {"1", "all"}
-    for key in ("concurrent_gbps", "naive_gbps", "submit_us_median", "submit_us_median_16_blocks"):
+    for key in ("concurrent_gbps", "naive_gbps", "torch_gbps", "submit_us_median_16_blocks"):
         assert key in row
-    assert "gather" in capsys.readouterr().out
+    step = report["per_step"]
+    assert step["job_bytes"] == 2 * 2 * 512  # 2 blocks x 2 layers x 512 bytes
+    assert step["submit_us_median_without_launch"] > 0
+    for direction in ("store", "load"):
+        assert {f"{direction}_poll_gbps", f"{direction}_wait_gbps"} <= set(step)
+    out = capsys.readouterr().out
+    assert "gather" in out and "per-step job" in out

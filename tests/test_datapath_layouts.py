@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numbakv.datapath import KVLayout, LayoutKind
+from numbakv.datapath import KVLayout, LayoutKind, layouts
+from numbakv.datapath._device import array_interface
 from tests.datapath_cases import make_cache, random_array
 
 
@@ -109,3 +110,39 @@ def test_negative_strides_are_rejected():
     array = cuda.to_device(random_array(np.random.default_rng(0), (4, 2, 4), np.float16))[::-1]
     with pytest.raises(ValueError, match="negative strides"):
         KVLayout.from_arrays("mla", [array])
+
+
+def _base(array) -> int:
+    return int(array_interface(array)["data"][0])
+
+
+# Issue 23, item 8: with several GPUs visible, memory of another device than the current context's
+# is an illegal address for the kernels. The driver's answer to "which device owns this address"
+# is replaced here, as the simulator has one device.
+
+
+def test_layers_on_different_devices_are_refused(monkeypatch):
+    layers = _layers((4, 2, 4), (4, 2, 4), (4, 2, 4))
+    device_of = {_base(layers[2]): 1}
+    monkeypatch.setattr(layouts, "pointer_device", lambda address: device_of.get(address, 0))
+    with pytest.raises(ValueError, match="layer 2 is on CUDA device 1, layer 0 on device 0"):
+        KVLayout.from_arrays("mla", layers)
+
+
+def test_a_cache_on_another_device_than_the_current_one_is_refused(monkeypatch):
+    monkeypatch.setattr(layouts, "pointer_device", lambda address: 1)
+    with pytest.raises(ValueError, match="on CUDA device 1 but the current device is 0"):
+        KVLayout.from_arrays("mla", _layers((4, 2, 4), (4, 2, 4)))
+
+
+def test_memory_that_is_not_cuda_memory_is_refused(monkeypatch):
+    def not_cuda(address):
+        raise ValueError(f"address {address:#x} is not CUDA memory")
+
+    monkeypatch.setattr(layouts, "pointer_device", not_cuda)
+    with pytest.raises(ValueError, match="layer 0: address 0x[0-9a-f]+ is not CUDA memory"):
+        KVLayout.from_arrays("mla", _layers((4, 2, 4)))
+
+
+def test_the_layout_records_its_device():
+    assert KVLayout.from_arrays("mla", _layers((4, 2, 4))).device == 0

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numbakv.datapath import HostPool, LayoutKind, TransferEngine
-from tests.datapath_cases import HOST_POISON, make_cache
+from tests.datapath_cases import HOST_POISON, finish, make_cache
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,7 +43,7 @@ def test_store_then_load_is_byte_exact(kind, dtype, num_layers, num_blocks, head
     assert engine.wait(1)
     cache.poison()
     engine.submit(2, "load", gpu_ids[::-1].copy(), host_ids)
-    assert sorted(engine.get_finished()) == [(1, True), (2, True)]
+    assert finish(engine, 2) == [(1, True), (2, True)]
 
     restored = cache.host_copies()
     for gpu_id, source_id in zip(gpu_ids[::-1], gpu_ids):

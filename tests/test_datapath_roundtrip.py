@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine
+from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine, kernels
 from tests.datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
 
 NUM_HOST_BLOCKS = 6
@@ -120,9 +120,17 @@ def test_host_pool_reports_size_and_pinning_time():
         HostPool(num_blocks=0, block_bytes=40)
 
 
-@pytest.mark.parametrize("head_size", [330, 600])
-def test_long_chunks_take_the_unrolled_loop_and_its_tail(head_size):
-    """Chunks of 165 and 300 words: the four-at-a-time loop runs, then the one-at-a-time tail."""
+@pytest.mark.parametrize(
+    ("dtype", "head_size", "chunk_words", "pieces"),
+    [
+        (np.float32, 330, 165, 1),  # the four-at-a-time loop, then the one-at-a-time tail
+        (np.float32, 600, 300, 1),
+        (np.float32, 1100, 550, 2),  # over 4 KiB: two work items, the second short
+        (np.int8, 4099, 4099, 2),  # the byte path: a 4 KiB piece and 3 bytes
+        (np.float64, 1024, 1024, 2),  # exactly two pieces
+    ],
+)
+def test_long_chunks_stay_exact(dtype, head_size, chunk_words, pieces):
     rng = np.random.default_rng(head_size)
     cache = make_cache(
         LayoutKind.MLA,
@@ -131,7 +139,9 @@ def test_long_chunks_take_the_unrolled_loop_and_its_tail(head_size):
         num_blocks=4,
         block_size=1,
         head_size=head_size,
-        dtype=np.float32,
+        dtype=dtype,
     )
-    assert cache.layout.chunk_bytes // cache.layout.word.itemsize in (165, 300)
+    layout = cache.layout
+    assert layout.chunk_bytes // layout.word.itemsize == chunk_words
+    assert -(-chunk_words // kernels.piece_words(chunk_words, layout.word)) == pieces
     _round_trip(cache, rng, count=3)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from numbakv.datapath import HostPool, TransferEngine
-from tests.datapath_cases import HOST_POISON, make_cache
+from numbakv.datapath import HostPool, TransferEngine, host_pool, transfer
+from tests.datapath_cases import HOST_POISON, finish, make_cache
 
 NUM_HOST_BLOCKS = 5
 
@@ -119,12 +119,12 @@ def test_bad_submit_raises_and_moves_nothing(setup, direction, gpu_ids, host_ids
 
 def test_bad_wait_event_raises_and_moves_nothing(setup):
     _cache, pool, engine = setup
-    with pytest.raises(TypeError, match="wait_event must be a Numba event, a Numba stream"):
+    with pytest.raises(TypeError, match="wait_event must be a Numba event or stream"):
         engine.submit(1, "store", [0], [0], wait_event="compute")
     assert (pool.blocks == HOST_POISON).all() and engine.get_finished() == []
     for job in range(10):  # no slot leaked: more jobs than slots still go through
         engine.submit(job, "store", [job % 6], [job % 5])
-    assert len(engine.get_finished()) == 10
+    assert len(finish(engine, *range(10))) == 10
 
 
 def test_duplicate_sources_are_allowed(setup):
@@ -186,5 +186,44 @@ def test_unknown_job_id(setup):
     _, _, engine = setup
     with pytest.raises(KeyError, match="unknown job_id 7"):
         engine.wait(7)
-    with pytest.raises(KeyError, match="unknown job_id 7"):
-        engine.completion_event(7)
+    assert engine.completion_event(7) is None  # nothing to wait for
+
+
+class _TorchLike:
+    """What the engine reads of torch's streams and events: their raw handles."""
+
+    def __init__(self, **handles):
+        self.__dict__.update(handles)
+
+
+@pytest.mark.parametrize(
+    "wait_event", [_TorchLike(cuda_stream=0), _TorchLike(cuda_event=0)], ids=["stream", "event"]
+)
+def test_streams_and_events_with_raw_handles_are_accepted(setup, wait_event):
+    cache, pool, engine = setup
+    engine.submit(1, "store", [2], [0], wait_event=wait_event)
+    assert engine.wait(1)
+    assert pool.blocks[0].tobytes() == cache.block_bytes(cache.host_copies(), 2)
+
+
+def test_an_unhashable_direction_is_a_clear_error(setup):
+    with pytest.raises(ValueError, match="direction must be 'store' or 'load'"):
+        setup[2].submit(1, ["store"], [0], [0])
+
+
+def test_a_host_pool_of_another_device_is_refused(setup, monkeypatch):
+    """Issue 23, item 8: Numba maps a pool for the context current when it was made."""
+    cache, _, _ = setup
+    monkeypatch.setattr(host_pool, "current_device_id", lambda: 1)
+    pool = HostPool.for_layout(cache.layout, 2)
+    with pytest.raises(ValueError, match="host pool was made on CUDA device 1, the KV cache is on"):
+        TransferEngine(cache.layout, pool)
+
+
+def test_an_engine_built_with_another_device_current_is_refused(setup, monkeypatch):
+    cache, pool, _ = setup
+    monkeypatch.setattr(transfer, "current_device_id", lambda: 1)
+    with pytest.raises(
+        ValueError, match="KV cache is on CUDA device 0 but the current device is 1"
+    ):
+        TransferEngine(cache.layout, pool)

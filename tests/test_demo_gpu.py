@@ -1,7 +1,8 @@
-"""The demo at real size on a GPU, with torch tensors as the engine's KV cache."""
+"""The demo on a GPU, with torch tensors as the engine's KV cache and the engine's own defaults."""
 
 import pytest
 
+from numbakv.datapath import DEFAULT_MAX_THREAD_BLOCKS
 from numbakv.demo import DemoConfig, run
 
 
@@ -12,14 +13,14 @@ def test_demo_at_real_size_with_torch_tensors(mode):
     config = DemoConfig(
         num_layers=32,
         block_size=16,
-        num_kv_heads=8,
-        head_size=128,  # 2 MiB blocks, Llama-8B-like
+        num_kv_heads=2,
+        head_size=128,  # 512 KiB blocks: 32 layers as a real model has, fewer heads to hash
         gpu_blocks=256,
         host_blocks=1024,
-        sessions=200,
+        sessions=120,
         mode=mode,
         threads_per_block=1024,
-        max_thread_blocks=None,
+        max_thread_blocks=DEFAULT_MAX_THREAD_BLOCKS,
     )
     shape = (2, config.gpu_blocks, config.block_size, config.num_kv_heads, config.head_size)
     arrays = [

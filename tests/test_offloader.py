@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from numbakv import CPUOffloadingManager
 from numbakv.datapath import HostPool, TransferEngine
@@ -36,6 +37,35 @@ class FlakyTransfers:
 
     def wait(self, job_id):
         return self.engine.wait(job_id) and job_id not in self.fail_jobs
+
+    def completion_event(self, job_id):
+        return self.engine.completion_event(job_id)
+
+
+class HeldTransfers:
+    """A real engine whose jobs stay in flight until released, as on a GPU where a job finishes
+    well after its submit (the simulator finishes every job within submit)."""
+
+    def __init__(self, engine):
+        self.engine, self.held, self.released = engine, {}, set()
+        self.wait_events = {}
+
+    num_gpu_blocks = property(lambda self: self.engine.num_gpu_blocks)
+
+    def submit(self, job_id, direction, gpu_ids, host_ids, wait_event=None):
+        self.engine.submit(job_id, direction, gpu_ids, host_ids, wait_event)
+        self.wait_events[job_id] = wait_event
+
+    def get_finished(self):
+        self.held.update(self.engine.get_finished())
+        done = [(job, ok) for job, ok in self.held.items() if job in self.released]
+        for job, _ in done:
+            del self.held[job]
+        return done
+
+    def wait(self, job_id):
+        self.released.add(job_id)
+        return self.engine.wait(job_id) if job_id not in self.held else self.held[job_id]
 
     def completion_event(self, job_id):
         return self.engine.completion_event(job_id)
@@ -199,3 +229,65 @@ def test_the_demo_prints_a_rate_only_for_timed_transfers(capsys):
     store, load = (next(line for line in out if line.startswith(name)) for name in ("GPU", "host"))
     assert store.endswith("3,814.7 MiB, 40 GB/s")
     assert load.endswith("1.0 MiB")
+
+
+def test_reset_with_jobs_in_flight_settles_them_and_starts_clean(setup):
+    """Issue 24, item 8: `manager.reset_cache()` under jobs in flight made `poll` raise KeyError,
+    lost the report (and the pins) of later jobs, and let an old store's completion mark a block
+    re-stored after the reset ready while its own store was still in flight."""
+    _, _, engine, manager = setup
+    transfers = HeldTransfers(engine)
+    offloader = KVOffloader(manager, transfers)
+    offloader.wait(offloader.store([1, 2], [0, 1]))
+    offloader.poll()
+    old_store = offloader.store([3], [2])
+    old_load = offloader.load([1], [5])
+    assert manager.stats().being_stored == 1 and manager.stats().being_read == 1
+
+    assert sorted(offloader.reset()) == [(old_store, True), (old_load, True)]
+    stats = manager.stats()
+    assert (stats.used, stats.being_stored, stats.being_read) == (0, 0, 0)
+    assert offloader.jobs_in_flight == 0 and offloader.lookup([1]) == 0
+
+    new_store = offloader.store([3], [2])  # the hash of a store begun before the reset
+    other = offloader.store([4], [3])
+    assert offloader.poll() == [] and offloader.lookup([3]) == 0  # in flight: not ready
+    transfers.released.add(other)
+    assert offloader.poll() == [(other, True)] and offloader.lookup([3]) == 0
+    transfers.released.add(new_store)
+    assert offloader.poll() == [(new_store, True)] and offloader.lookup([3, 4]) == 2
+    load = offloader.load([3, 4], [6, 7])
+    assert offloader.wait(load) and offloader.poll() == [(load, True)]
+    assert manager.stats().being_read == 0
+
+
+def test_reset_with_nothing_in_flight_empties_the_cache(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    offloader.wait(offloader.store([1], [0]))
+    assert offloader.reset() == [(0, True)]
+    assert offloader.lookup([1]) == 0 and manager.stats().used == 0
+
+
+def test_a_load_waits_for_the_event_it_is_given(setup):
+    """Issue 23, item 3: a load passed no wait event, so it could overwrite GPU blocks that
+    kernels queued on the engine's stream still read."""
+    _, _, engine, manager = setup
+    transfers = HeldTransfers(engine)
+    offloader = KVOffloader(manager, transfers)
+    transfers.released.update(range(10))
+    offloader.wait(offloader.store([1], [0]))
+    compute = cuda.stream()
+    load = offloader.load([1], [4], wait_event=compute)
+    assert transfers.wait_events[load] is compute
+    assert offloader.wait(load)
+
+
+def test_completion_event_is_none_once_the_offloader_has_the_result(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    offloader.wait(offloader.store([1], [0]))
+    load = offloader.load([1], [4])
+    offloader.wait(load)
+    offloader.poll()
+    assert offloader.completion_event(load) is None

@@ -11,9 +11,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+import service
 from service.app import create_app
 from service.settings import Settings, parse_settings
 from tests.metrics_fakes import run_writers
+from tests.servers import ROOT, free_port, sidecar
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +27,13 @@ def metrics_dir(tmp_path_factory):
 
 def client(directory) -> TestClient:
     return TestClient(
-        create_app(Settings(metrics_dir=str(directory), cache_s=0.0, sample_interval_s=0.05))
+        create_app(Settings(metrics_dir=str(directory), cache_s=0.05, sample_interval_s=0.05))
     )
+
+
+def reread(c: TestClient) -> None:
+    """Have the background thread's read happen now (the tests change the directory under it)."""
+    c.app.state.sidecar.refresh()
 
 
 def test_metrics_are_prometheus_text_by_default(metrics_dir):
@@ -81,7 +88,7 @@ def test_stays_up_and_says_so_when_the_directory_is_bad(tmp_path, metrics_dir, c
     assert health.status_code == metrics.status_code == stats.status_code == 200
     assert health.json()["status"] == "degraded" and health.json()["detail"]
     if case == "truncated":
-        assert health.json()["unreadable_files"] == [victim]
+        assert list(health.json()["skipped_files"]) == [victim]
         assert (
             "numbakv_transfer_duration_seconds_bucket" in metrics.text
         )  # the other files still served
@@ -93,6 +100,7 @@ def test_stats_summarises_rates_over_the_window(tmp_path):
         first = c.get("/stats").json()
         assert first["instances"] == ["gpu0"]
         run_writers(tmp_path, ("gpu0", 3))  # a second engine run: three more workloads
+        reread(c)
         stats = c.get("/stats", params={"window_s": 60}).json()
     assert stats["window_seconds"] > 0
     assert stats["hit_ratio"] == pytest.approx(9 / (9 + 21))
@@ -131,12 +139,32 @@ def test_settings_come_from_flags_then_environment():
         "NUMBAKV_METRICS_DIR": "/m",
     }
     assert parse_settings([], env) == Settings(host="0.0.0.0", port=9000, metrics_dir="/m")
-    assert parse_settings(["--cache-seconds", "0"], env).cache_s == 0.0
+    assert parse_settings(["--cache-seconds", "0.5"], env).cache_s == 0.5
     assert parse_settings(["--port", "9100", "--metrics-dir", "/x"], env).port == 9100
-    assert parse_settings([], {}).host == "127.0.0.1"
+    assert parse_settings([], {}) == Settings()
     assert parse_settings([], {"PROMETHEUS_MULTIPROC_DIR": "/p"}).metrics_dir == "/p"
-    with pytest.raises(SystemExit):
-        parse_settings(["--port", "70000"], {})
+    limits = {"NUMBAKV_SIDECAR_MAX_CONNECTIONS": "7"}
+    assert parse_settings(["--request-timeout-seconds", "2"], limits) == Settings(
+        request_timeout_s=2.0, max_connections=7
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["--port", "70000"], {}),
+        (["--cache-seconds", "0"], {}),
+        (["--request-timeout-seconds", "-1"], {}),
+        (["--max-connections", "0"], {}),
+        ([], {"NUMBAKV_SIDECAR_PORT": "abc"}),
+    ],
+)
+def test_bad_settings_get_one_line_and_exit_2(argv, env, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(argv, env)
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert message.startswith("numbakv-sidecar: error: ") and "Traceback" not in message
 
 
 def test_metrics_and_sidecar_import_without_numba():
@@ -166,3 +194,41 @@ def test_requests_serve_the_background_read_which_follows_new_data(tmp_path):
                 "the background refresh never picked up the new data"
             )
             time.sleep(0.02)
+
+
+def test_the_sidecar_logs_one_start_line(tmp_path):
+    port = free_port()
+    with sidecar(str(tmp_path), port, stderr=subprocess.PIPE, text=True) as proc:
+        pass
+    started = [line for line in proc.stderr.read().splitlines() if " serving " in line]
+    assert len(started) == 1
+    assert started[0].endswith(
+        f"numbakv-sidecar {service.__version__} serving http://127.0.0.1:{port} "
+        f"from the metrics directory {tmp_path}"
+    )
+
+
+WITHOUT_SERVICE_EXTRA = """
+import sys
+class NoServiceExtra:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fastapi", "uvicorn", "starlette"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoServiceExtra())
+from service.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_without_the_service_extra_one_line_names_the_pip_command():
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_SERVICE_EXTRA, "--port", "9999"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "pip install 'numbakv[service]'" in result.stderr

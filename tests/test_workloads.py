@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
 
 import pytest
 
-from numbakv.traces import read_hash_chains
+from numbakv.traces import TraceRequest, read_hash_chains, write_trace
 from numbakv.workloads import WORKLOADS, main, mixed_traffic, multi_turn_chat
 
 
@@ -47,6 +48,27 @@ def test_cli_writes_a_readable_trace(tmp_path, capsys) -> None:
     assert main(["--kind", "documents", "--seed", "1", "--out", str(out)]) == 0
     assert len(read_hash_chains(out)) == 12_000
     assert "block references" in capsys.readouterr().out
+
+
+def test_cli_json_is_the_whole_stdout(tmp_path, capsys) -> None:
+    out = tmp_path / "loop.jsonl"
+    assert main(["--kind", "loop", "--seed", "2", "--out", str(out), "--json"]) == 0
+    stdout, stderr = capsys.readouterr()
+    summary = json.loads(stdout)
+    assert summary["requests"] == len(read_hash_chains(out)) == 12_000
+    assert (summary["kind"], summary["seed"], summary["out"]) == ("loop", 2, str(out))
+    assert "block references" in stderr
+
+
+def test_an_interrupted_write_leaves_no_file(tmp_path) -> None:
+    def requests():
+        yield TraceRequest(0, 512, 1, [0])
+        raise KeyboardInterrupt
+
+    out = tmp_path / "w.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        write_trace(out, requests())
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_module_runs_as_a_script(tmp_path) -> None:

@@ -6,11 +6,19 @@ Imported only when used: it pulls in Numba CUDA, which `import numbakv` must not
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.kernels import COMPILE_SECONDS
 from numbakv.datapath.layouts import KVLayout, LayoutKind
-from numbakv.datapath.transfer import Direction, JobDoneCallback, TransferEngine
+from numbakv.datapath.transfer import (
+    DEFAULT_MAX_THREAD_BLOCKS,
+    Direction,
+    GPUFault,
+    JobDoneCallback,
+    TransferEngine,
+)
 
 __all__ = [
     "COMPILE_SECONDS",
+    "DEFAULT_MAX_THREAD_BLOCKS",
     "Direction",
+    "GPUFault",
     "HostPool",
     "JobDoneCallback",
     "KVLayout",

@@ -1,28 +1,35 @@
-"""Bridge between engine arrays, raw addresses and kernel arguments, on a GPU and on the simulator.
+"""Bridge between engine arrays, raw handles and kernel launches, on a GPU and on the simulator.
 
 Everything that differs between a real GPU and Numba's CUDA simulator lives here, so the rest of
-the data path is written once. On a GPU an array is described by its `__cuda_array_interface__`
-and a raw address becomes a `DeviceNDArray` without copying; on the simulator "device" memory is
-NumPy memory, so the same address becomes a NumPy view wrapped as a simulated device array.
+the data path is written once. On a GPU an array is described by its `__cuda_array_interface__`,
+a raw address becomes a `DeviceNDArray` without copying, and the per-job work of `submit` (event
+records, the id upload, the launch) goes straight to the driver with arguments prepared once. On
+the simulator "device" memory is NumPy memory and execution is synchronous: the same address
+becomes a NumPy view wrapped as a simulated device array, and ordering calls have nothing to do.
 """
 
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Any
 
 import numpy as np
 from numba import cuda
 from numba.cuda.core import config
+from numba.cuda.cudadrv.driver import CudaAPIError  # on the simulator: a class nothing raises
 
 ON_SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
 
-if ON_SIMULATOR:
-    CUDA_ERRORS: tuple[type[Exception], ...] = ()  # the simulator raises no driver errors
-else:
-    from numba.cuda.cudadrv.driver import CudaAPIError
-
-    CUDA_ERRORS = (CudaAPIError,)
+if not ON_SIMULATOR:
+    from numba.cuda.cudadrv.driver import (
+        Event,
+        Stream,
+        _event_finalizer,
+        _stream_finalizer,
+        binding,
+        driver,
+    )
 
 
 def array_interface(array: Any) -> dict:
@@ -73,22 +80,184 @@ def word_view(address: int, nbytes: int, word: np.dtype, owner: Any) -> Any:
     return cuda.from_cuda_array_interface(interface, owner=owner, sync=False)
 
 
-def upload_prefix(device: Any, host: np.ndarray, count: int, stream: Any) -> None:
-    """Copy `host[:count]` (pinned) into `device[:count]`, asynchronously on `stream`."""
-    if ON_SIMULATOR:
-        device._ary[:count] = host[:count]
-        return
-    from numba.cuda.cudadrv import driver
+# --- devices --------------------------------------------------------------------------------
 
-    driver.host_to_device(device, host, count * host.itemsize, stream=stream)
+
+def current_device_id() -> int:
+    """The device of Numba's current CUDA context (made current by torch or Numba, whichever
+    touched CUDA first in this thread)."""
+    if ON_SIMULATOR:
+        return 0
+    return int(cuda.current_context().device.id)
+
+
+def pointer_device(address: int) -> int:
+    """The device that owns the device memory at `address`; ValueError if it is not CUDA memory."""
+    if ON_SIMULATOR:
+        return 0
+    attribute = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    try:
+        return int(driver.cuPointerGetAttribute(attribute, binding.CUdeviceptr(address)))
+    except CudaAPIError as error:
+        raise ValueError(f"address {address:#x} is not CUDA memory ({error})") from None
+
+
+# --- streams, events, uploads ---------------------------------------------------------------
+
+
+def new_stream() -> Any:
+    """A stream that does not synchronise with the legacy default stream (torch's default).
+
+    Numba's `cuda.stream()` creates blocking streams: a store would wait for all compute queued
+    on the default stream, and the next compute for the store. Ours are ordered only by the
+    events the caller passes.
+    """
+    if ON_SIMULATOR:
+        return cuda.stream()
+    deallocations = cuda.current_context().deallocations  # also makes a context current
+    handle = driver.cuStreamCreate(binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+    return Stream(handle, finalizer=_stream_finalizer(deallocations, handle))
+
+
+def new_event(*, timing: bool = True, blocking: bool = False) -> Any:
+    """A Numba event; `blocking` makes `synchronize()` sleep instead of spinning a CPU core."""
+    if ON_SIMULATOR:
+        return cuda.event()
+    flags = 0 if timing else int(binding.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    if blocking:
+        flags |= int(binding.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+    deallocations = cuda.current_context().deallocations  # also makes a context current
+    handle = driver.cuEventCreate(flags)
+    return Event(handle, finalizer=_event_finalizer(deallocations, handle))
+
+
+def handle_of(stream_or_event: Any) -> int:
+    """The raw driver handle of a Numba stream or event (0 on the simulator)."""
+    return 0 if ON_SIMULATOR else int(stream_or_event.handle)
+
+
+def record(event: int, stream: int) -> None:
+    """cuEventRecord on raw handles."""
+    if not ON_SIMULATOR:
+        driver.cuEventRecord(event, stream)
+
+
+def stream_wait(stream: int, event: int) -> None:
+    """Make `stream` wait for `event`'s last record (raw handles)."""
+    if not ON_SIMULATOR:
+        driver.cuStreamWaitEvent(stream, event, 0)
 
 
 def event_done(event: Any) -> bool:
     """Whether all work before `event`'s last record has finished, without blocking."""
-    query = getattr(event, "query", None)  # the simulator runs synchronously and has no query()
-    return True if query is None else bool(query())
+    return True if ON_SIMULATOR else bool(event.query())
 
 
-def foreign_stream(stream: Any) -> Any:
-    """A Numba stream over a foreign stream's `cuda_stream` handle (torch's streams have one)."""
-    return cuda.external_stream(int(stream.cuda_stream))
+def device_address(array: Any) -> int:
+    """The address of a Numba device or pinned array's first byte (0 on the simulator)."""
+    if ON_SIMULATOR:
+        return 0
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return int(interface["data"][0])
+
+
+def upload(
+    device: Any, device_at: int, host: np.ndarray, host_at: int, count: int, stream: int
+) -> None:
+    """Copy `host[:count]` (pinned, at `host_at`) into `device[:count]` (at `device_at`),
+    asynchronously on `stream`."""
+    if ON_SIMULATOR:
+        device._ary[:count] = host[:count]
+        return
+    driver.cuMemcpyHtoDAsync(device_at, host_at, count * host.itemsize, stream)
+
+
+# --- kernel launches ------------------------------------------------------------------------
+
+
+class Launcher:
+    """One kernel with fixed arguments except a job's pair count, launched on one stream.
+
+    Numba's launch path rebuilds about 30 kernel parameters from Python objects on every call.
+    Here Numba prepares them once (its own `_prepare_args`, so they match its lowering exactly),
+    they are packed into a parameter block, and a launch rewrites only the count before one
+    `cuLaunchKernel`. That leans on numba-cuda internals: where they differ from what this was
+    written against (0.30), it warns once and launches through Numba's own path, slower but right.
+    The simulator always takes Numba's path.
+    """
+
+    def __init__(
+        self, kernel: Any, args: tuple, count_position: int, threads_per_block: int, stream: Any
+    ) -> None:
+        self._kernel = kernel
+        self._stream = stream
+        self._threads = threads_per_block
+        self._args = list(args)  # also keeps every argument's memory alive
+        self._count_position = count_position
+        self._function = None  # set when the driver launch is prepared
+        if ON_SIMULATOR:
+            return
+        try:
+            self._prepare_driver_launch(kernel, args, count_position)
+        except (AttributeError, TypeError, ValueError, NotImplementedError, StopIteration) as error:
+            warnings.warn(
+                "numbakv: this numba-cuda's kernel internals differ from what the fast launch "
+                f"expects ({type(error).__name__}: {error}); launching through Numba's own path, "
+                "which adds tens of microseconds to each submit",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def _prepare_driver_launch(self, kernel: Any, args: tuple, count_position: int) -> None:
+        compiled = next(iter(kernel.overloads.values()))
+        values: list = []
+        for position, (numba_type, value) in enumerate(zip(compiled.argument_types, args)):
+            if position == count_position:
+                self._count_index = len(values)
+            compiled._prepare_args(numba_type, value, 0, [], values)
+        self._params = (ctypes.c_uint64 * len(values))(*map(_parameter_word, values))
+        base = ctypes.addressof(self._params)
+        self._pointers = (ctypes.c_void_p * len(values))(
+            *(base + 8 * i for i in range(len(values)))
+        )
+        self._pointers_at = ctypes.addressof(self._pointers)
+        self._stream_handle = int(self._stream.handle)
+        handle = compiled._codelibrary.get_cufunc().handle
+        if isinstance(handle, binding.CUkernel):  # library-loaded: this context's function
+            handle = driver.cuKernelGetFunction(handle)
+        self._function = handle
+
+    @property
+    def uses_driver_launch(self) -> bool:
+        """Whether launches skip Numba's per-call argument handling."""
+        return self._function is not None
+
+    def __call__(self, grid: int, count: int) -> None:
+        if self._function is None:
+            self._args[self._count_position] = count
+            self._kernel[grid, self._threads, self._stream](*self._args)
+            return
+        self._params[self._count_index] = count
+        driver.cuLaunchKernel(
+            self._function,
+            grid,
+            1,
+            1,
+            self._threads,
+            1,
+            1,
+            0,
+            self._stream_handle,
+            self._pointers_at,
+            0,
+        )
+
+
+def _parameter_word(value: Any) -> int:
+    """A kernel parameter as the 8-byte word the driver copies (every parameter here is 8 bytes:
+    array fields, pointers and int64 scalars)."""
+    if isinstance(value, ctypes._SimpleCData):
+        if ctypes.sizeof(value) != 8:
+            raise TypeError(f"unexpected {ctypes.sizeof(value)}-byte kernel parameter {value!r}")
+        value = value.value
+    return int(value) % 2**64

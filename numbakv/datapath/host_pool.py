@@ -13,17 +13,23 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from numbakv.datapath._device import array_interface, word_view
+from numbakv.datapath._device import array_interface, current_device_id, word_view
 
 
 class HostPool:
-    """`num_blocks` host blocks of `block_bytes` each, in one `cuda.mapped_array`."""
+    """`num_blocks` host blocks of `block_bytes` each, in one `cuda.mapped_array`.
+
+    The pool belongs to the CUDA device current when it was made (`device`): Numba maps it for
+    that context only (`mapped_array` ignores `portable`), so transfer engines of other devices
+    refuse it.
+    """
 
     def __init__(self, num_blocks: int, block_bytes: int) -> None:
         if num_blocks <= 0 or block_bytes <= 0:
             raise ValueError(
                 f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}"
             )
+        self.device = current_device_id()
         started = time.perf_counter()
         self._mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
         self.pin_seconds: float = time.perf_counter() - started

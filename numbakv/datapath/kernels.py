@@ -1,9 +1,11 @@
 """Gather (GPU -> host) and scatter (host -> GPU) kernels over all layers in one launch.
 
-Work item: one warp copies one segment (one layer's chunk) of one (gpu block, host block) pair,
-lanes striding over the chunk in words so each warp instruction moves 32 consecutive words;
-four loads are issued before their stores to keep more requests in flight over the link. Warps
-walk the work items with a grid-stride loop, so the caller may cap the number of thread blocks.
+Work item: one warp copies one piece (at most PIECE_BYTES) of one segment (one layer's chunk) of
+one (gpu block, host block) pair, lanes striding over it in words so each warp instruction moves
+32 consecutive words; four loads are issued before their stores to keep more requests in flight
+over the link. Splitting chunks into pieces gives a small job enough warps, hence enough bytes in
+flight, to fill the link. Warps walk the work items with a grid-stride loop, so the caller caps
+the number of thread blocks (and SMs) a job holds.
 
 Kernel arguments (all offsets in words):
     arena        the word view spanning every layer (KVLayout.arena)
@@ -13,7 +15,9 @@ Kernel arguments (all offsets in words):
     n            number of pairs
     block_stride words between consecutive GPU blocks of one segment
     chunk_words  words per segment per block
-The host block of pair i is segment after segment, `len(segments) * chunk_words` words.
+    piece_words  words per work item (the last piece of a chunk may be shorter)
+The host block of pair i is segment after segment, `len(segments) * chunk_words` words. Items are
+pair-major, then segment, then piece, so consecutive warps write consecutive host bytes.
 
 Each word width is compiled once, with an explicit signature, on first use and cached on disk
 (`cache=True`), so a restarted process loads it instead of compiling it again.
@@ -28,6 +32,8 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 WARP_SIZE = 32
+PIECE_BYTES = 4096
+"""Largest work item: four rounds of a warp's four 256-byte loads with 8-byte words."""
 
 COMPILE_SECONDS: dict[str, float] = {}
 """Seconds the first use of each kernel took to compile (or load from the disk cache)."""
@@ -55,32 +61,45 @@ def _copy_run(dst, dst_start, src, src_start, count, lane):
 
 
 @cuda.jit(device=True)
-def _item_starts(item, segments, ids, n, block_stride, chunk_words):
-    """Word offsets of work item `item` (pair-major, segment-minor) in the arena and the host pool."""
+def _item_range(item, segments, ids, n, block_stride, chunk_words, piece_words):
+    """Where work item `item` starts in the arena and the host pool, and how many words it has."""
     num_segments = segments.shape[0]
-    pair = item // num_segments
-    segment = item - pair * num_segments
-    gpu_start = segments[segment] + ids[pair] * block_stride
-    host_start = (ids[n + pair] * num_segments + segment) * chunk_words
-    return gpu_start, host_start
+    pieces = (chunk_words + piece_words - 1) // piece_words
+    per_pair = num_segments * pieces
+    pair = item // per_pair
+    rest = item - pair * per_pair
+    segment = rest // pieces
+    offset = (rest - segment * pieces) * piece_words
+    gpu_start = segments[segment] + ids[pair] * block_stride + offset
+    host_start = (ids[n + pair] * num_segments + segment) * chunk_words + offset
+    return gpu_start, host_start, min(piece_words, chunk_words - offset)
 
 
-def _gather(arena, host, segments, ids, n, block_stride, chunk_words):
+@cuda.jit(device=True)
+def _num_items(segments, n, chunk_words, piece_words):
+    return n * segments.shape[0] * ((chunk_words + piece_words - 1) // piece_words)
+
+
+def _gather(arena, host, segments, ids, n, block_stride, chunk_words, piece_words):
     lane = cuda.threadIdx.x % WARP_SIZE
     first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(first_warp, n * segments.shape[0], num_warps):
-        gpu_start, host_start = _item_starts(item, segments, ids, n, block_stride, chunk_words)
-        _copy_run(host, host_start, arena, gpu_start, chunk_words, lane)
+    for item in range(first_warp, _num_items(segments, n, chunk_words, piece_words), num_warps):
+        gpu_start, host_start, count = _item_range(
+            item, segments, ids, n, block_stride, chunk_words, piece_words
+        )
+        _copy_run(host, host_start, arena, gpu_start, count, lane)
 
 
-def _scatter(arena, host, segments, ids, n, block_stride, chunk_words):
+def _scatter(arena, host, segments, ids, n, block_stride, chunk_words, piece_words):
     lane = cuda.threadIdx.x % WARP_SIZE
     first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(first_warp, n * segments.shape[0], num_warps):
-        gpu_start, host_start = _item_starts(item, segments, ids, n, block_stride, chunk_words)
-        _copy_run(arena, gpu_start, host, host_start, chunk_words, lane)
+    for item in range(first_warp, _num_items(segments, n, chunk_words, piece_words), num_warps):
+        gpu_start, host_start, count = _item_range(
+            item, segments, ids, n, block_stride, chunk_words, piece_words
+        )
+        _copy_run(arena, gpu_start, host, host_start, count, lane)
 
 
 _BODIES = {"gather": _gather, "scatter": _scatter}
@@ -90,7 +109,8 @@ def signature(word: np.dtype) -> Any:
     """The one signature each kernel is compiled for, per word width."""
     words = types.Array(from_dtype(np.dtype(word)), 1, "C")
     ids = types.Array(types.int64, 1, "C")
-    return types.void(words, words, ids, ids, types.int64, types.int64, types.int64)
+    scalar = types.int64
+    return types.void(words, words, ids, ids, scalar, scalar, scalar, scalar)
 
 
 def get_kernel(name: str, word: np.dtype) -> Any:
@@ -105,10 +125,17 @@ def get_kernel(name: str, word: np.dtype) -> Any:
     return kernel
 
 
+def piece_words(chunk_words: int, word: np.dtype) -> int:
+    """Words per work item for chunks of `chunk_words` words of `word`."""
+    return min(chunk_words, PIECE_BYTES // np.dtype(word).itemsize)
+
+
+def num_items(num_pairs: int, num_segments: int, chunk_words: int, piece: int) -> int:
+    """Work items of a job, as the kernels count them."""
+    return num_pairs * num_segments * -(-chunk_words // piece)
+
+
 def grid_size(num_items: int, threads_per_block: int, max_thread_blocks: int | None) -> int:
-    """Thread blocks to launch: a warp per work item, rounded up to a power of two (so few distinct
-    launch configurations exist), at most `max_thread_blocks` (None: no cap)."""
-    warps_per_block = threads_per_block // WARP_SIZE
-    needed = max(1, -(-num_items // warps_per_block))
-    rounded = 1 << (needed - 1).bit_length()
-    return rounded if max_thread_blocks is None else min(rounded, max_thread_blocks)
+    """Thread blocks to launch: a warp per work item, at most `max_thread_blocks` (None: no cap)."""
+    needed = max(1, -(-num_items // (threads_per_block // WARP_SIZE)))
+    return needed if max_thread_blocks is None else min(needed, max_thread_blocks)

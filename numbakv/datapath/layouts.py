@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from numbakv.datapath._device import array_interface, interface_strides, word_view
+from numbakv.datapath._device import (
+    array_interface,
+    current_device_id,
+    interface_strides,
+    pointer_device,
+    word_view,
+)
 
 WORD_DTYPES = (np.dtype(np.uint64), np.dtype(np.uint32), np.dtype(np.uint16), np.dtype(np.uint8))
 """Kernel access widths, widest first; a layout uses the widest that every address and size allows."""
@@ -59,6 +65,7 @@ class KVLayout:
     word: np.dtype
     arena: Any
     arrays: tuple
+    device: int
 
     @property
     def num_segments(self) -> int:
@@ -81,6 +88,7 @@ class KVLayout:
         _check_shape(kind, shape, strides)
         for layer, interface in enumerate(interfaces[1:], start=1):
             _check_same_as_first(layer, interface, shape, strides, dtype)
+        device = _check_devices(interfaces)
 
         block_axis = _BLOCK_AXIS[kind]
         block_stride = strides[block_axis]
@@ -105,6 +113,7 @@ class KVLayout:
             word=word,
             arena=word_view(arena_base, arena_bytes, word, owner=tuple(arrays)),
             arrays=tuple(arrays),
+            device=device,
         )
 
 
@@ -166,6 +175,31 @@ def _check_same_as_first(
         raise ValueError(
             f"layer {layer} has strides {other_strides}, layer 0 has {strides}: layers must agree"
         )
+
+
+def _check_devices(interfaces: list[dict]) -> int:
+    """The one CUDA device every layer lives on, which must be the current one: the arena and the
+    kernels belong to the current context, and another device's memory is an illegal address there.
+    """
+    current = current_device_id()  # first: a context must be current to ask about pointers
+    devices = []
+    for layer, interface in enumerate(interfaces):
+        try:
+            devices.append(pointer_device(interface["data"][0]))
+        except ValueError as error:
+            raise ValueError(f"layer {layer}: {error}") from None
+        if devices[layer] != devices[0]:
+            raise ValueError(
+                f"layer {layer} is on CUDA device {devices[layer]}, layer 0 on device "
+                f"{devices[0]}: every layer must be on one device"
+            )
+    if devices[0] != current:
+        raise ValueError(
+            f"the KV cache is on CUDA device {devices[0]} but the current device is {current}: "
+            f"make device {devices[0]} current first (torch.cuda.set_device or "
+            "numba.cuda.select_device)"
+        )
+    return devices[0]
 
 
 def _contiguous_chunks(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, np.ndarray]:

@@ -1,15 +1,17 @@
 """Asynchronous block transfers between the engine's GPU KV cache and the host pool.
 
 One CUDA stream per direction, so a store (GPU -> host) and a load (host -> GPU) run at the same
-time on the full-duplex link. A job is one kernel launch whatever its number of blocks and layers;
-submitting costs a few vectorised NumPy checks, one small id upload and one launch. Completion is
-polled (`get_finished`) or awaited (`wait`); every job is reported exactly once by `get_finished`.
-Not thread-safe: call it from the thread that owns the engine's GPU work.
+time on the full-duplex link. The streams never synchronise with the default stream: a job is
+ordered after the engine's compute only by the `wait_event` the caller gives. A job is one kernel
+launch whatever its number of blocks and layers; submitting costs a few vectorised NumPy checks
+and four driver calls (two event records, the id upload, the launch). Completion is polled
+(`get_finished`) or awaited (`wait`, which sleeps rather than spins); every job is reported
+exactly once by `get_finished`. Not thread-safe: call it from the thread that owns the engine's
+GPU work.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -18,12 +20,29 @@ from typing import Any
 
 import numpy as np
 from numba import cuda
-from numba.cuda.core.errors import NumbaPerformanceWarning
 
 from numbakv.datapath import kernels
-from numbakv.datapath._device import CUDA_ERRORS, event_done, foreign_stream, upload_prefix
+from numbakv.datapath._device import (
+    CudaAPIError,
+    Launcher,
+    current_device_id,
+    device_address,
+    event_done,
+    handle_of,
+    new_event,
+    new_stream,
+    record,
+    stream_wait,
+    upload,
+)
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
+
+DEFAULT_MAX_THREAD_BLOCKS = 16
+"""Thread blocks a job may hold by default. A plain copy kernel with 16 blocks of 1024 threads
+reached 51-52 GB/s on an H100 (8 blocks: 34-43 GB/s); these kernels keep four times its bytes in
+flight per thread, and 16 blocks leave the other SMs to the engine's kernels and the other
+direction's job."""
 
 
 class Direction(str, Enum):
@@ -37,59 +56,74 @@ JobDoneCallback = Callable[[Hashable, Direction, int, float, bool], None]
 """on_job_done(job_id, direction, nbytes, seconds, success), called once per finished job."""
 
 
-@dataclass(eq=False)
+class GPUFault(RuntimeError):
+    """A transfer kernel faulted on the GPU (an illegal address, say).
+
+    CUDA cannot recover a context after such a fault: every later call of the engine raises this
+    error again, no job is reported, and nothing in flight may be trusted. Restart the process.
+    """
+
+
+@dataclass(eq=False, slots=True)
 class _Slot:
     """What one job in flight needs and may not share: staged ids and its timing events."""
 
-    staged_ids: np.ndarray
+    staged_ids: np.ndarray  # pinned
+    staged_at: int
     start: Any
-    end: Any
+    end: Any  # blocking-sync: waiting on it sleeps
+    start_at: int
+    end_at: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Job:
     job_id: Hashable
     direction: Direction
     nbytes: int
-    slot: _Slot | None
-    success: bool | None = None
+    slot: _Slot | None  # None once finished
 
 
 class _Lane:
-    """One direction: its stream, kernel, device id buffer and a ring of job slots.
+    """One direction: its stream, launcher, device id buffer and a ring of job slots.
 
     A job's destinations are unique, so it has at most `num_destinations` pairs: that sizes the
     id buffers once, and `destination_stamps` serves the duplicate check without allocating.
     """
 
     def __init__(
-        self, kernel: Any, threads_per_block: int, num_destinations: int, max_jobs_in_flight: int
+        self,
+        direction: Direction,
+        kernel: Any,
+        kernel_args: tuple,
+        threads_per_block: int,
+        num_destinations: int,
+        max_jobs_in_flight: int,
     ) -> None:
-        self.kernel = kernel
-        self.threads_per_block = threads_per_block
-        self.stream = cuda.stream()
-        self.launchers: dict[int, Any] = {}
+        self.direction = direction
+        self.stream = new_stream()
+        self.stream_at = handle_of(self.stream)
         self.device_ids = cuda.device_array(2 * num_destinations, dtype=np.int64)
-        self.dependency = cuda.event()
-        self.free_slots = [
-            _Slot(
-                cuda.pinned_array(2 * num_destinations, dtype=np.int64), cuda.event(), cuda.event()
-            )
-            for _ in range(max_jobs_in_flight)
-        ]
+        self.device_ids_at = device_address(self.device_ids)
+        arena, host, segments, block_stride, chunk_words, piece_words = kernel_args
+        self.launch = Launcher(
+            kernel,
+            (arena, host, segments, self.device_ids, 0, block_stride, chunk_words, piece_words),
+            4,  # the pair count, set per launch
+            threads_per_block,
+            self.stream,
+        )
+        self.dependency = new_event(timing=False)
+        self.dependency_at = handle_of(self.dependency)
+        self.free_slots = [self._slot(num_destinations) for _ in range(max_jobs_in_flight)]
         self.in_flight: deque[_Job] = deque()
         self.destination_stamps = np.empty(num_destinations, dtype=np.int64)
 
-    def launcher(self, grid: int) -> Any:
-        """The kernel configured for `grid` thread blocks on this lane's stream, made once per grid."""
-        launch = self.launchers.get(grid)
-        if launch is None:
-            with warnings.catch_warnings():  # small grids are deliberate (capped, or small jobs)
-                warnings.simplefilter("ignore", NumbaPerformanceWarning)
-                launch = self.launchers[grid] = self.kernel[
-                    grid, self.threads_per_block, self.stream
-                ]
-        return launch
+    @staticmethod
+    def _slot(num_destinations: int) -> _Slot:
+        staged = cuda.pinned_array(2 * num_destinations, dtype=np.int64)
+        start, end = new_event(), new_event(blocking=True)
+        return _Slot(staged, device_address(staged), start, end, handle_of(start), handle_of(end))
 
 
 class TransferEngine:
@@ -100,7 +134,7 @@ class TransferEngine:
         layout: KVLayout,
         host_pool: HostPool,
         *,
-        max_thread_blocks: int | None = None,
+        max_thread_blocks: int | None = DEFAULT_MAX_THREAD_BLOCKS,
         threads_per_block: int = 1024,
         max_jobs_in_flight: int = 8,
         on_job_done: JobDoneCallback | None = None,
@@ -117,6 +151,7 @@ class TransferEngine:
             raise ValueError(f"max_thread_blocks must be positive or None, got {max_thread_blocks}")
         if max_jobs_in_flight <= 0:
             raise ValueError(f"max_jobs_in_flight must be positive, got {max_jobs_in_flight}")
+        _check_same_device(layout, host_pool)
         self.layout = layout
         self.host_pool = host_pool
         self.max_thread_blocks = max_thread_blocks
@@ -124,28 +159,37 @@ class TransferEngine:
         self.on_job_done = on_job_done
 
         word = layout.word.itemsize
-        self._arena = layout.arena
-        self._host = host_pool.words(layout.word)
-        self._segments = cuda.to_device(layout.segment_offsets // word)
-        self._block_stride = layout.block_stride // word
-        self._chunk_words = layout.chunk_bytes // word
-        gather, scatter = (
-            kernels.get_kernel("gather", layout.word),
-            kernels.get_kernel("scatter", layout.word),
+        chunk_words = layout.chunk_bytes // word
+        piece_words = kernels.piece_words(chunk_words, layout.word)
+        self._items_per_pair = kernels.num_items(1, layout.num_segments, chunk_words, piece_words)
+        kernel_args = (
+            layout.arena,
+            host_pool.words(layout.word),
+            cuda.to_device(layout.segment_offsets // word),
+            layout.block_stride // word,
+            chunk_words,
+            piece_words,
         )
         self._lanes = {
-            Direction.STORE: _Lane(
-                gather, threads_per_block, host_pool.num_blocks, max_jobs_in_flight
-            ),
-            Direction.LOAD: _Lane(
-                scatter, threads_per_block, layout.num_blocks, max_jobs_in_flight
-            ),
+            direction: _Lane(
+                direction,
+                kernels.get_kernel(name, layout.word),
+                kernel_args,
+                threads_per_block,
+                num_destinations,
+                max_jobs_in_flight,
+            )
+            for direction, name, num_destinations in (
+                (Direction.STORE, "gather", host_pool.num_blocks),
+                (Direction.LOAD, "scatter", layout.num_blocks),
+            )
         }
         self._event_type = type(self._lanes[Direction.STORE].dependency)
         self._stream_type = type(self._lanes[Direction.STORE].stream)
         self._positions = np.arange(max(host_pool.num_blocks, layout.num_blocks), dtype=np.int64)
         self._jobs: dict[Hashable, _Job] = {}
-        self._finished: list[tuple[Hashable, bool]] = []
+        self._finished: list[Hashable] = []
+        self._fault: str | None = None
 
     def submit(
         self,
@@ -157,72 +201,85 @@ class TransferEngine:
     ) -> None:
         """Queue one job moving block `gpu_block_ids[i]` <-> host block `host_block_ids[i]` for all i.
 
-        `wait_event` (a Numba event, a Numba stream, or a stream with a `cuda_stream` handle such as
-        torch's) holds the job back until the engine's compute has reached that point: pass the
-        compute stream to a store so it never reads blocks still being written. Everything is
+        `wait_event` holds the job back until the engine's compute has reached that point: a
+        Numba event or stream, a stream with a `cuda_stream` handle (torch.cuda.Stream) or an
+        event with a `cuda_event` handle (torch.cuda.Event). Pass the compute stream to a store,
+        so it never reads blocks still being written, and to a load, so it never overwrites blocks
+        that queued kernels still read. Without it the job starts at once. Everything is
         validated before any memory is touched; on error nothing is queued.
         """
-        direction = _as_direction(direction)
+        self._raise_if_faulted()
+        lane = self._lanes.get(direction) if isinstance(direction, str) else None
+        if lane is None:
+            raise ValueError(f"direction must be 'store' or 'load', got {direction!r}")
         if job_id in self._jobs:
             raise ValueError(
                 f"job_id {job_id!r} is already in flight (or finished and not yet reported)"
             )
         gpu_ids = _as_ids("gpu_block_ids", gpu_block_ids)
         host_ids = _as_ids("host_block_ids", host_block_ids)
-        if len(gpu_ids) != len(host_ids):
+        count = len(gpu_ids)
+        if count != len(host_ids):
             raise ValueError(
-                f"gpu_block_ids has {len(gpu_ids)} ids, host_block_ids has {len(host_ids)}: lengths must match"
+                f"gpu_block_ids has {count} ids, host_block_ids has {len(host_ids)}: lengths must match"
             )
         _check_range("gpu_block_ids", gpu_ids, self.layout.num_blocks)
         _check_range("host_block_ids", host_ids, self.host_pool.num_blocks)
         dependency = self._dependency(wait_event)
-        lane = self._lanes[direction]
-        if direction is Direction.STORE:
+        if lane.direction is Direction.STORE:
             self._check_unique("host_block_ids", host_ids, lane.destination_stamps)
         else:
             self._check_unique("gpu_block_ids", gpu_ids, lane.destination_stamps)
 
         slot = self._take_slot(lane)
-        count = len(gpu_ids)
-        slot.staged_ids[:count] = gpu_ids
-        slot.staged_ids[count : 2 * count] = host_ids
-        if dependency is not None:
-            self._hold_back(lane, dependency)
-        slot.start.record(lane.stream)
-        if count:
-            upload_prefix(lane.device_ids, slot.staged_ids, 2 * count, lane.stream)
-            grid = kernels.grid_size(
-                count * self.layout.num_segments, self.threads_per_block, self.max_thread_blocks
-            )
-            lane.launcher(grid)(
-                self._arena,
-                self._host,
-                self._segments,
-                lane.device_ids,
-                count,
-                self._block_stride,
-                self._chunk_words,
-            )
-        slot.end.record(lane.stream)
-        job = _Job(job_id, direction, count * self.layout.block_bytes, slot)
+        try:
+            staged = slot.staged_ids
+            staged[:count] = gpu_ids
+            staged[count : 2 * count] = host_ids
+            if dependency is not None:
+                self._hold_back(lane, *dependency)
+            record(slot.start_at, lane.stream_at)
+            if count:
+                upload(
+                    lane.device_ids,
+                    lane.device_ids_at,
+                    staged,
+                    slot.staged_at,
+                    2 * count,
+                    lane.stream_at,
+                )
+                grid = kernels.grid_size(
+                    count * self._items_per_pair, self.threads_per_block, self.max_thread_blocks
+                )
+                lane.launch(grid, count)
+            record(slot.end_at, lane.stream_at)
+        except BaseException:
+            lane.free_slots.append(slot)  # nothing was queued for good: the slot is free again
+            raise
+        job = _Job(job_id, lane.direction, count * self.layout.block_bytes, slot)
         lane.in_flight.append(job)
         self._jobs[job_id] = job
 
     def get_finished(self) -> list[tuple[Hashable, bool]]:
-        """Jobs finished since the last call, as (job_id, success); never blocks."""
+        """Jobs finished since the last call, as (job_id, success); never blocks.
+
+        success is always True here: a job that fails on the GPU raises `GPUFault` instead.
+        """
+        self._raise_if_faulted()
         for lane in self._lanes.values():
             self._reap(lane, block_until=None)
         finished, self._finished = self._finished, []
-        for job_id, _ in finished:
+        for job_id in finished:
             del self._jobs[job_id]
-        return finished
+        return [(job_id, True) for job_id in finished]
 
     def wait(self, job_id: Hashable) -> bool:
-        """Block until `job_id` has finished; return its success (get_finished still reports it)."""
+        """Block (sleeping) until `job_id` has finished; True (get_finished still reports it)."""
+        self._raise_if_faulted()
         job = self._job(job_id)
-        if job.success is None:
+        if job.slot is not None:
             self._reap(self._lanes[job.direction], block_until=job)
-        return bool(job.success)
+        return True
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -231,10 +288,10 @@ class TransferEngine:
     def completion_event(self, job_id: Hashable) -> Any | None:
         """An event the compute stream can wait on (`event.wait(stream)`) before using loaded blocks.
 
-        None once the job has finished: its blocks are ready and there is nothing to wait for.
+        None when there is nothing to wait for: the job has finished (reported or not).
         """
-        job = self._job(job_id)
-        return None if job.slot is None else job.slot.end
+        job = self._jobs.get(job_id)
+        return None if job is None or job.slot is None else job.slot.end
 
     def _job(self, job_id: Hashable) -> _Job:
         job = self._jobs.get(job_id)
@@ -251,26 +308,34 @@ class TransferEngine:
             raise ValueError(message)
         positions = self._positions[: len(ids)]
         stamps[ids] = positions
-        if not np.array_equal(stamps[ids], positions):
+        if (stamps[ids] != positions).any():
             raise ValueError(message)
 
-    def _dependency(self, wait_event: Any) -> Any:
-        """`wait_event` as a Numba event or stream (None: nothing to wait for); checked before use."""
-        if wait_event is None or isinstance(wait_event, (self._event_type, self._stream_type)):
-            return wait_event
-        if hasattr(wait_event, "cuda_stream"):
-            return foreign_stream(wait_event)
+    def _dependency(self, wait_event: Any) -> tuple[int, bool] | None:
+        """`wait_event` as (raw handle, is a stream), None if there is nothing to wait for."""
+        if wait_event is None:
+            return None
+        if isinstance(wait_event, self._event_type):
+            return handle_of(wait_event), False
+        if isinstance(wait_event, self._stream_type):
+            return handle_of(wait_event), True
+        stream = getattr(wait_event, "cuda_stream", None)
+        if isinstance(stream, int):
+            return stream, True
+        event = getattr(wait_event, "cuda_event", None)
+        if isinstance(event, int):
+            return (event, False) if event else None  # 0: a torch event never recorded
         raise TypeError(
-            "wait_event must be a Numba event, a Numba stream or a stream with a cuda_stream handle "
-            f"(torch), got {type(wait_event).__name__}"
+            "wait_event must be a Numba event or stream, a stream with a cuda_stream handle or an "
+            f"event with a cuda_event handle (torch), got {type(wait_event).__name__}"
         )
 
-    def _hold_back(self, lane: _Lane, dependency: Any) -> None:
-        if isinstance(dependency, self._event_type):
-            dependency.wait(lane.stream)
-            return
-        lane.dependency.record(dependency)
-        lane.dependency.wait(lane.stream)
+    @staticmethod
+    def _hold_back(lane: _Lane, handle: int, is_stream: bool) -> None:
+        if is_stream:  # mark where the engine's stream is now, and wait for that point only
+            record(lane.dependency_at, handle)
+            handle = lane.dependency_at
+        stream_wait(lane.stream_at, handle)
 
     def _take_slot(self, lane: _Lane) -> _Slot:
         if not lane.free_slots:
@@ -288,24 +353,39 @@ class TransferEngine:
                 elif not event_done(slot.end):
                     return
                 seconds = max(slot.start.elapsed_time(slot.end), 0.0) / 1e3  # the simulator says -1
-                job.success = True
-            except CUDA_ERRORS:
-                seconds, job.success = 0.0, False
+            except CudaAPIError as error:
+                self._fault = (
+                    f"{job.direction.value} job {job.job_id!r} failed on the GPU ({error}). A kernel "
+                    "fault leaves the CUDA context unusable: no job in flight is reported and "
+                    "nothing they wrote may be trusted; restart the process"
+                )
+                raise GPUFault(self._fault) from error
             lane.in_flight.popleft()
             job.slot = None
             lane.free_slots.append(slot)
-            self._finished.append((job.job_id, job.success))
+            self._finished.append(job.job_id)
             if self.on_job_done is not None:
-                self.on_job_done(job.job_id, job.direction, job.nbytes, seconds, job.success)
+                self.on_job_done(job.job_id, job.direction, job.nbytes, seconds, True)
             if job is block_until:
                 return
 
+    def _raise_if_faulted(self) -> None:
+        if self._fault is not None:
+            raise GPUFault(self._fault)
 
-def _as_direction(direction: Direction | str) -> Direction:
-    try:
-        return Direction(direction)
-    except ValueError:
-        raise ValueError(f"direction must be 'store' or 'load', got {direction!r}") from None
+
+def _check_same_device(layout: KVLayout, host_pool: HostPool) -> None:
+    current = current_device_id()
+    if layout.device != current:
+        raise ValueError(
+            f"the KV cache is on CUDA device {layout.device} but the current device is {current}: "
+            "build the engine with the cache's device current"
+        )
+    if host_pool.device != layout.device:
+        raise ValueError(
+            f"the host pool was made on CUDA device {host_pool.device}, the KV cache is on device "
+            f"{layout.device}: make the pool with the cache's device current"
+        )
 
 
 def _as_ids(name: str, ids: Any) -> np.ndarray:
@@ -324,6 +404,7 @@ def _as_ids(name: str, ids: Any) -> np.ndarray:
 
 
 def _check_range(name: str, ids: np.ndarray, limit: int) -> None:
-    if len(ids) and (ids.min() < 0 or ids.max() >= limit):
+    # One pass: as unsigned, a negative id is larger than any limit.
+    if len(ids) and ids.view(np.uint64).max() >= limit:
         bad = ids[(ids < 0) | (ids >= limit)][0]
         raise IndexError(f"{name} must lie in [0, {limit}), got {bad}")

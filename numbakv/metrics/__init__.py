@@ -14,7 +14,9 @@ Export has two modes, picked by prometheus-client's own switch, ``PROMETHEUS_MUL
 - **multi-process** (set, before prometheus-client is first imported): :meth:`OffloadMetrics.sync`
   writes what changed since its last call into the directory's memory-mapped files, where the
   sidecar (``service``) aggregates every process. Call it once per engine step, or let
-  :meth:`OffloadMetrics.start_sync_thread` call it every second.
+  :meth:`OffloadMetrics.start_sync_thread` call it every second. A process joins the directory
+  first (:mod:`numbakv.metrics.liveness`): it folds what dead processes left
+  (:mod:`numbakv.metrics.compaction`) and holds a lock that tells readers it is alive.
 
 Imports prometheus-client and the standard library only: the sidecar's image has no NumPy or Numba.
 """
@@ -29,10 +31,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from numbakv.metrics import liveness
 
 DIRECTIONS = ("store", "load")
 """Transfer directions: ``store`` is GPU to host, ``load`` host to GPU."""
@@ -225,13 +229,14 @@ class MultiprocessWriter:
     """Multi-process export: copies what changed since the last :meth:`sync` into shared-directory metrics.
 
     The metric objects are registered nowhere: in multiprocess mode their values live in the
-    directory's files, which the sidecar reads. Gauges use ``livesum``, so a process that exited
-    cleanly (its files removed by ``mark_process_dead``) stops counting.
+    directory's files, which the sidecar reads. Gauges use ``livesum``: a process stops counting
+    when it dies, however it dies (see :mod:`numbakv.metrics.liveness`).
     """
 
     def __init__(
-        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str
+        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str, path: str
     ) -> None:
+        self._path = path
         self._manager = manager
         self._transfers = transfers
         self._lock = threading.Lock()
@@ -270,6 +275,8 @@ class MultiprocessWriter:
     def sync(self) -> None:
         """Write the deltas since the last call; a few microseconds per changed value."""
         with self._lock:
+            if liveness.forked:  # a forked child writes files of its own PID: it joins under it
+                liveness.join(self._path)
             if self._manager is not None:
                 self._sync_manager()
             self._sync_transfers()
@@ -355,8 +362,11 @@ class OffloadMetrics:
             return
         self.on_job_done = self._transfers.on_job_done
         if multiprocess_mode():
-            self._writer = MultiprocessWriter(manager, self._transfers, instance)
-            _mark_dead_at_exit()  # registered first, so it runs after every close() at exit
+            # Joining first: compaction runs before this process has files, and the exit hook
+            # that drops its live gauges is registered before (so runs after) every close().
+            path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+            liveness.join(path)
+            self._writer = MultiprocessWriter(manager, self._transfers, instance, path)
             atexit.register(self.close)
         elif registry is not None:
             self._collector = ScrapeCollector(manager, self._transfers, instance)
@@ -397,14 +407,3 @@ class OffloadMetrics:
 
 def _ignore_job(job_id: int, direction: str, nbytes: int, seconds: float, success: bool) -> None:
     """The ``on_job_done`` of disabled metrics."""
-
-
-_marked_for_exit = False
-
-
-def _mark_dead_at_exit() -> None:
-    """At exit, remove this process's live-gauge files so the sidecar stops summing them (once per process)."""
-    global _marked_for_exit
-    if not _marked_for_exit:
-        atexit.register(lambda: multiprocess.mark_process_dead(os.getpid()))
-        _marked_for_exit = True

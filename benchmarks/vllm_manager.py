@@ -1,0 +1,135 @@
+"""numbakv's vLLM adapter against vLLM 0.32's own CPU offloading manager, driven as vLLM drives it.
+
+    python benchmarks/vllm_manager.py --trace TRACE.jsonl [--capacities 2000,10000,40000] \
+        [--repeats 3] [--out results/vllm_manager.json]
+
+Every request goes through the calls vLLM 0.32's OffloadingConnector makes of a manager, one
+request at a time: on_new_request; lookup, one key at a time, up to the first miss; prepare_load
+and complete_load of the hits; prepare_store of the rest (when there is a rest) and complete_store
+of what it returned; on_request_finished. Managers: vLLM's CPUOffloadingManager with its LRU, and
+numbakv's adapter (`NumbaKVOffloadingManager`) with LRU and sarc. Cost is wall time per key
+reference, best of --repeats, the managers taking turns in one process. Target: numbakv's LRU
+through the adapter at most 0.5x vLLM's LRU. Without --trace, numbakv's built-in chat workload.
+Needs vLLM (pip install 'numbakv[vllm]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from vllm.v1.kv_offload.base import LookupResult, OffloadingManager, OffloadKey, ReqContext
+from vllm_baseline import offload_chains, vllm_manager
+
+from numbakv import CPUOffloadingManager
+from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
+from numbakv.traces import read_hash_chains
+from numbakv.workloads import multi_turn_chat
+
+
+def connector_request(
+    manager: OffloadingManager, keys: Sequence[OffloadKey], request_id: str
+) -> int:
+    """One request as vLLM 0.32's connector drives a manager; returns the keys hit."""
+    context = ReqContext(req_id=request_id)
+    manager.on_new_request(context)
+    hits = 0
+    for key in keys:
+        if manager.lookup(key, context) is not LookupResult.HIT:
+            break
+        hits += 1
+    if hits:
+        manager.prepare_load(keys[:hits], context)
+        manager.complete_load(keys[:hits], context)
+    if hits < len(keys):
+        output = manager.prepare_store(keys[hits:], context)
+        if output is not None and output.keys_to_store:
+            manager.complete_store(output.keys_to_store, context)
+    manager.on_request_finished(context)
+    return hits
+
+
+def connector_replay(manager: OffloadingManager, chains: Sequence[Sequence[OffloadKey]]) -> int:
+    """Every request in order through `manager`; returns the total hits."""
+    return sum(connector_request(manager, keys, str(i)) for i, keys in enumerate(chains))
+
+
+def numbakv_manager(policy: str, capacity: int) -> NumbaKVOffloadingManager:
+    return NumbaKVOffloadingManager(
+        CPUOffloadingManager(block_size=1, num_blocks=capacity, cache_policy=policy)
+    )
+
+
+MANAGERS: dict[str, Callable[[int], OffloadingManager]] = {
+    "vllm lru": lambda capacity: vllm_manager("lru", capacity),
+    "numbakv lru": lambda capacity: numbakv_manager("lru", capacity),
+    "numbakv sarc": lambda capacity: numbakv_manager("sarc", capacity),
+}
+
+
+def measure(chains, capacity: int, repeats: int) -> dict[str, dict]:
+    """Best-of-`repeats` seconds and the hits of every manager, taking turns."""
+    results: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, build in MANAGERS.items():
+            manager = build(capacity)
+            started = time.perf_counter()
+            hits = connector_replay(manager, chains)
+            seconds = time.perf_counter() - started
+            best = results.setdefault(name, {"seconds": seconds, "hits": hits})
+            best["seconds"] = min(best["seconds"], seconds)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", help="Mooncake-format jsonl trace (default: built-in chat)")
+    parser.add_argument("--capacities", default="2000,10000,40000", help="blocks, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="results/vllm_manager.json")
+    args = parser.parse_args()
+    if args.trace:
+        source, chains = args.trace, read_hash_chains(args.trace)
+    else:
+        source, chains = "built-in chat", [r.hash_ids for r in multi_turn_chat()]
+    chains = offload_chains(chains)
+    references = sum(map(len, chains))
+    print(f"{source}: {len(chains):,} requests, {references:,} key references")
+    print(
+        f"{'capacity':>9}  " + "  ".join(f"{name:>22}" for name in MANAGERS) + "  numbakv/vllm lru"
+    )
+    rows = []
+    for capacity in (int(text) for text in args.capacities.split(",")):
+        results = measure(chains, capacity, args.repeats)
+        ratio = results["numbakv lru"]["seconds"] / results["vllm lru"]["seconds"]
+        cells = [
+            f"{1e9 * r['seconds'] / references:6.0f} ns/ref hit {r['hits'] / references:.3f}"
+            for r in results.values()
+        ]
+        print(f"{capacity:>9,}  " + "  ".join(f"{cell:>22}" for cell in cells) + f"  {ratio:15.2f}")
+        rows.append(
+            {
+                "capacity": capacity,
+                "references": references,
+                "lru_ratio": ratio,
+                **{
+                    name: {
+                        "seconds": r["seconds"],
+                        "ns_per_reference": 1e9 * r["seconds"] / references,
+                        "hit_ratio": r["hits"] / references,
+                    }
+                    for name, r in results.items()
+                },
+            }
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"source": source, "repeats": args.repeats, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The numbakv Grafana dashboard as code, built with Grafana Labs' grafana-foundation-sdk (the
+``dashboards`` extra). ``python -m dashboards.generate`` renders it (see there)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as model
+
+UID = "numbakv-overview"
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = 'instance=~"$instance"'
+RATE = "[$__rate_interval]"
+
+
+def _rate(metric: str, by: str = "instance") -> str:
+    return f"sum by ({by}) (rate({metric}{{{SEL}}}{RATE}))"
+
+
+def _query(expr: str, legend: str) -> prometheus.Dataquery:
+    return prometheus.Dataquery().expr(expr).legend_format(legend).datasource(DATASOURCE)
+
+
+def _panel(
+    title: str, unit: str, description: str, *queries: prometheus.Dataquery
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel().title(title).unit(unit).description(description).datasource(DATASOURCE)
+    )
+    panel.height(8).span(12).fill_opacity(10)
+    for ref_id, query in zip("ABCDEFGH", queries):
+        panel.with_target(query.ref_id(ref_id))
+    return panel
+
+
+def _quantile(q: float) -> prometheus.Dataquery:
+    buckets = _rate("numbakv_transfer_duration_seconds_bucket", by="le, direction")
+    return _query(f"histogram_quantile({q}, {buckets})", f"{{{{direction}}}} p{int(q * 100)}")
+
+
+def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
+    """Rows of panels: cache effectiveness, transfer throughput and latency, host-pool state."""
+    hits, misses = _rate("numbakv_hit_blocks_total"), _rate("numbakv_missed_blocks_total")
+    cache = [
+        _panel(
+            "Hit ratio",
+            "percentunit",
+            "Hit blocks / looked-up blocks.",
+            _query(f"{hits} / ({hits} + {misses})", "{{instance}}"),
+        ),
+        _panel(
+            "Lookups/s",
+            "ops",
+            "Lookup calls per second.",
+            _query(_rate("numbakv_lookups_total"), "{{instance}}"),
+        ),
+        _panel(
+            "Evictions/s",
+            "short",
+            "Blocks evicted from host memory per second.",
+            _query(_rate("numbakv_evicted_blocks_total"), "{{instance}}"),
+        ),
+        _panel(
+            "Stored and loaded blocks/s",
+            "short",
+            "Completed (and failed) stores to host, loads back to GPU.",
+            _query(_rate("numbakv_stored_blocks_total"), "stored {{instance}}"),
+            _query(_rate("numbakv_loaded_blocks_total"), "loaded {{instance}}"),
+            _query(_rate("numbakv_failed_store_blocks_total"), "failed {{instance}}"),
+        ),
+    ]
+    transfers = [
+        _panel(
+            "Throughput per direction",
+            "Bps",
+            "Bytes moved by successful jobs per second (GB/s).",
+            _query(_rate("numbakv_transfer_bytes_total", by="direction"), "{{direction}}"),
+        ),
+        _panel(
+            "Transfer latency p50 / p99",
+            "s",
+            "Job duration quantiles per direction.",
+            _quantile(0.5),
+            _quantile(0.99),
+        ),
+    ]
+    pool = [
+        _panel(
+            "Occupancy",
+            "percentunit",
+            "Used / capacity of the host pool.",
+            _query(
+                f"sum by (instance) (numbakv_host_used_blocks{{{SEL}}})"
+                f" / sum by (instance) (numbakv_host_capacity_blocks{{{SEL}}})",
+                "{{instance}}",
+            ),
+        ),
+        _panel(
+            "ARC target p and lists",
+            "short",
+            "ARC's target size p of T1, and its list sizes.",
+            _query(f"sum by (instance) (numbakv_arc_p_blocks{{{SEL}}})", "p {{instance}}"),
+            _query(
+                f"sum by (instance, list) (numbakv_arc_list_blocks{{{SEL}}})",
+                "{{list}} {{instance}}",
+            ),
+        ),
+    ]
+    return [("Cache", cache), ("Transfers", transfers), ("Host pool", pool)]
+
+
+def build() -> model.Dashboard:
+    """The dashboard, with a data-source variable and an (all-by-default) instance variable."""
+    board = (
+        dashboard.Dashboard("numbakv: KV-cache offloading")
+        .uid(UID)
+        .tags(["numbakv", "kv-cache"])
+        .refresh("10s")
+        .time("now-30m", "now")
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .with_variable(
+            dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
+        .with_variable(
+            dashboard.QueryVariable("instance")
+            .label("Instance")
+            .description(
+                "Engine process (the instance label numbakv writes; scrape with honor_labels)"
+            )
+            .datasource(DATASOURCE)
+            .query("label_values(numbakv_lookups_total, instance)")
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(model.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+        )
+    )
+    ids = itertools.count(1)
+    for title, panels in _sections():
+        board.with_row(dashboard.Row(title).id(next(ids)))
+        for panel in panels:
+            board.with_panel(panel.id(next(ids)))
+    return board.build()
+
+
+def render() -> str:
+    """The dashboard as the JSON Grafana provisions (stable key order, trailing newline)."""
+    return json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,83 @@
+"""What numbakv's commands share: one-line errors, argument types, missing extras, Ctrl-C.
+
+Every command checks all its arguments before it starts work and answers bad input with one line
+on stderr, `PROG: error: argument --FLAG: got 'VALUE', expected WHAT`, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (128 + SIGINT)
+MISSING_EXTRA = 2  # like bad input: the command cannot start as asked; the pip line says why
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (argparse would print the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def bad(self, flag: str, got: object, expected: str) -> NoReturn:
+        """Reject an argument found wrong after parsing (in combination with others, say)."""
+        self.error(f"argument {flag}: got {str(got)!r}, expected {expected}")
+
+
+def _whole(text: str, lowest: int, expected: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected {expected}") from None
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected {expected}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    return _whole(text, 1, "a whole number >= 1")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    return _whole(text, 0, "a whole number >= 0")
+
+
+def output_file(text: str) -> str:
+    """argparse type: a file that can be written (its directory exists; it is not a directory)."""
+    path = Path(text)
+    directory = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a file name, not a directory")
+    if not directory.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected a file in an existing directory ({directory} is not one)"
+        )
+    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a file this user can write")
+    return text
+
+
+def missing_extra(prog: str, feature: str, extra: str) -> NoReturn:
+    """Exit with one line naming the pip command that installs what `feature` needs."""
+    sys.stderr.write(
+        f"{prog}: error: {feature} needs the '{extra}' extra: pip install 'numbakv[{extra}]'\n"
+    )
+    raise SystemExit(MISSING_EXTRA)
+
+
+def interrupted(prog: str, what: str) -> int:
+    """The one line Ctrl-C ends a command with; returns the exit status to end with."""
+    sys.stderr.write(f"{prog}: interrupted {what}\n")
+    return INTERRUPTED
+
+
+def print_json(document: Any) -> None:
+    """The machine-readable result: one JSON document, alone on stdout."""
+    json.dump(document, sys.stdout)
+    sys.stdout.write("\n")

@@ -1,0 +1,109 @@
+"""The spec's settings, read from vLLM's `kv_connector_extra_config` and checked before use.
+
+Keys shared with vLLM's own CPU spec (`cpu_bytes_to_use`, `eviction_policy`, `store_threshold`,
+`max_tracker_size`) mean the same; a bad value fails when vLLM builds the connector, with a message
+that names the key. Imports neither vLLM nor the data path: both halves of the spec read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from numbakv.policies import resolve_policy
+
+DEFAULT_POLICY = "lru"  # vLLM's default; docs/VLLM.md recommends "sarc"
+DEFAULT_MAX_TRACKER_SIZE = 64_000
+
+
+class ConfigError(ValueError):
+    """A `kv_connector_extra_config` value numbakv cannot use; the message names the key."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"kv_connector_extra_config[{key!r}]: {problem}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What numbakv takes from the extra config (vLLM reads its own keys, e.g. `block_size`)."""
+
+    cpu_bytes_to_use: int
+    eviction_policy: str = DEFAULT_POLICY
+    store_threshold: int = 1
+    max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE
+    max_thread_blocks: int | None = None
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any]) -> Settings:
+        if extra.get("cpu_bytes_to_use") is None:
+            raise ConfigError(
+                "cpu_bytes_to_use", "required: the host memory for offloaded KV, in bytes"
+            )
+        if extra.get("cache_policy_module_path") is not None:
+            raise ConfigError(
+                "cache_policy_module_path",
+                "names a vLLM CachePolicy, which numbakv cannot run; give a numbakv policy "
+                "as eviction_policy='package.module:ClassName' instead",
+            )
+        if extra.get("canonical_layout"):
+            raise ConfigError(
+                "canonical_layout",
+                "numbakv stores each worker's own pages; the canonical layout is not supported",
+            )
+        policy = extra.get("eviction_policy", DEFAULT_POLICY)
+        try:
+            resolve_policy(policy)
+        except (TypeError, ValueError) as error:
+            raise ConfigError("eviction_policy", str(error)) from None
+        max_thread_blocks = extra.get("max_thread_blocks")
+        return cls(
+            cpu_bytes_to_use=_integer(extra, "cpu_bytes_to_use", minimum=1),
+            eviction_policy=policy,
+            # vLLM's default 0 and 1 both mean "store every block"
+            store_threshold=max(1, _integer(extra, "store_threshold", minimum=0, default=0)),
+            max_tracker_size=_integer(
+                extra, "max_tracker_size", minimum=1, default=DEFAULT_MAX_TRACKER_SIZE
+            ),
+            max_thread_blocks=None
+            if max_thread_blocks is None
+            else _integer(extra, "max_thread_blocks", minimum=1),
+        )
+
+
+def _integer(extra: Mapping[str, Any], key: str, minimum: int, default: int = 0) -> int:
+    """`extra[key]` as an int >= minimum; whole numbers written as strings or floats are accepted."""
+    value = extra.get(key, default)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(key, f"expected an integer, got {value!r}") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"expected an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def host_chunks(settings: Settings, kv_bytes_per_chunk: int) -> int:
+    """How many offloaded chunks `cpu_bytes_to_use` holds, each `kv_bytes_per_chunk` bytes.
+
+    As in vLLM's CPU spec, the bytes are the whole engine's: every worker keeps its own part of
+    each chunk.
+    """
+    if kv_bytes_per_chunk <= 0:
+        raise ConfigError(
+            "cpu_bytes_to_use", "vLLM reported no KV cache bytes per block: nothing to offload"
+        )
+    chunks = settings.cpu_bytes_to_use // kv_bytes_per_chunk
+    if chunks < 1:
+        raise ConfigError(
+            "cpu_bytes_to_use",
+            f"{settings.cpu_bytes_to_use} bytes hold no offloaded chunk: one chunk of KV (every "
+            f"layer, every worker) takes {kv_bytes_per_chunk} bytes",
+        )
+    return chunks

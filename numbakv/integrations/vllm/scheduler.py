@@ -1,0 +1,120 @@
+"""vLLM's scheduler side: its `OffloadingManager` interface over numbakv's `CPUOffloadingManager`.
+
+Keys are vLLM's `OffloadKey`s (bytes), used as numbakv block hashes as they are. vLLM 0.32's
+connector never calls `touch`, so recency comes from what a request does, in numbakv's replay
+order (docs/MANAGER.md): the chunks it loaded and the chunks it offers to store are touched
+together, head first, just before its store (or when it finishes, if it stores nothing); its new
+chunks then enter as the most recent. Never imports the data path: it runs in vLLM's scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from numbakv.integrations.vllm.host_spec import HostChunksSpec
+from numbakv.manager import CPUOffloadingManager
+from numbakv.metrics import OffloadMetrics
+
+
+@dataclass(eq=False)
+class _LoadedChunks:
+    """One request's loaded chunks whose touch waits for its next store (kept in its ReqContext)."""
+
+    generation: int
+    keys: list[OffloadKey] = field(default_factory=list)
+
+
+class NumbaKVOffloadingManager(OffloadingManager):
+    """Answers vLLM's connector with numbakv's manager: lookups, ref-counted loads, atomic stores."""
+
+    def __init__(self, manager: CPUOffloadingManager, metrics: OffloadMetrics | None = None):
+        self.manager = manager
+        self.metrics = metrics
+        self._lookup = manager.lookup
+        # Keys handed out by prepare_store and not completed yet: their lookups are HIT_PENDING.
+        self._being_stored: set[OffloadKey] = set()
+        self._generation = 0  # bumped by reset_cache: loads recorded before it are forgotten
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._lookup((key,)):
+            return LookupResult.HIT
+        return LookupResult.HIT_PENDING if key in self._being_stored else LookupResult.MISS
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource.HOST
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HostChunksSpec:
+        spec = self.manager.prepare_load(keys)
+        loaded = req_context.get_state(_LoadedChunks)
+        if loaded is None or loaded.generation != self._generation:
+            loaded = _LoadedChunks(self._generation)
+            req_context.set_state(loaded)
+        loaded.keys.extend(keys)
+        return HostChunksSpec(spec.block_ids)
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.manager.complete_load(keys)
+
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput | None:
+        keys = list(keys)
+        self.manager.touch(self._take_loaded(req_context) + keys)
+        output = self.manager.prepare_store(keys)
+        if output is None:
+            return None
+        self._being_stored.update(output.block_hashes_to_store)
+        return PrepareStoreOutput(
+            keys_to_store=output.block_hashes_to_store,
+            store_spec=HostChunksSpec(output.store_spec.block_ids),
+            evicted_keys=output.block_hashes_evicted,
+        )
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        """Make the chunks loadable; on failure drop them, so nothing half-written is ever loaded."""
+        self.manager.complete_store(keys, success=success)
+        self._being_stored.difference_update(keys)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        loaded = self._take_loaded(req_context)
+        if loaded:
+            self.manager.touch(loaded)
+
+    def _take_loaded(self, req_context: ReqContext) -> list[OffloadKey]:
+        """The request's loaded chunks not touched yet (forgetting them), head first."""
+        loaded = req_context.get_state(_LoadedChunks)
+        if loaded is None or not loaded.keys or loaded.generation != self._generation:
+            return []
+        keys, loaded.keys = loaded.keys, []
+        return keys
+
+    def take_events(self) -> Iterator[OffloadingEvent]:
+        for event in self.manager.take_events():
+            yield OffloadingEvent(keys=event.block_hashes, medium=Medium.CPU, removed=event.removed)
+
+    def reset_cache(self) -> None:
+        self.manager.reset_cache()
+        self._being_stored.clear()
+        self._generation += 1
+
+    def shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()

@@ -1,0 +1,100 @@
+"""`NumbaKVOffloadingSpec`: numbakv as the CPU tier of vLLM's OffloadingConnector.
+
+vLLM builds one spec in its scheduler and one in each worker, from the connector's extra config;
+the scheduler asks for `get_manager()`, each worker for `get_worker(kv_caches)`. The data path is
+imported only by `get_worker`, so the scheduler process never loads Numba CUDA.
+"""
+
+from __future__ import annotations
+
+from vllm import __version__ as vllm_version
+from vllm.logger import init_logger
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec, OffloadingWorker
+from vllm.v1.kv_offload.config import OffloadingConfig
+
+from numbakv.integrations.vllm.config import Settings, host_chunks
+from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
+from numbakv.manager import CPUOffloadingManager
+from numbakv.metrics import OffloadMetrics, metrics_enabled, multiprocess_mode
+from numbakv.simulator import simulate_without_gpu
+
+logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
+
+TESTED_VLLM = "0.32.0"
+
+
+class NumbaKVOffloadingSpec(OffloadingSpec):
+    """Sizes numbakv's host tier from vLLM's config and builds its manager and workers."""
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        super().__init__(config)
+        if vllm_version != TESTED_VLLM:
+            logger.warning(
+                "numbakv's vLLM spec is tested with vLLM %s; this is vLLM %s",
+                TESTED_VLLM,
+                vllm_version,
+            )
+        self.settings = Settings.from_extra_config(self.extra_config)
+        # Every worker keeps its own part of each chunk, as in vLLM's CPU spec.
+        self.kv_bytes_per_chunk = (
+            config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
+        )
+        self.num_chunks = host_chunks(self.settings, self.kv_bytes_per_chunk)
+        self._manager: NumbaKVOffloadingManager | None = None
+        self._worker: OffloadingWorker | None = None
+
+    def get_manager(self) -> NumbaKVOffloadingManager:
+        if self._manager is None:
+            settings = self.settings
+            manager = CPUOffloadingManager(
+                block_size=self.tokens_per_block[0] * self.blocks_per_chunk,
+                num_blocks=self.num_chunks,
+                cache_policy=settings.eviction_policy,
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                store_threshold=settings.store_threshold,
+                max_tracker_size=settings.max_tracker_size,
+            )
+            self._manager = NumbaKVOffloadingManager(manager, self._metrics(manager, "scheduler"))
+            logger.info(
+                "numbakv: host tier of %d chunks (%.2f GiB for all workers), policy %s, "
+                "store threshold %d",
+                self.num_chunks,
+                self.num_chunks * self.kv_bytes_per_chunk / 2**30,
+                settings.eviction_policy,
+                settings.store_threshold,
+            )
+        return self._manager
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            on_simulator = simulate_without_gpu()  # before the data path first imports Numba CUDA
+            from numbakv.integrations.vllm.worker import NumbaKVOffloadingWorker
+
+            self._worker = NumbaKVOffloadingWorker.create(
+                kv_caches,
+                self.blocks_per_chunk,
+                self.num_chunks,
+                self.settings,
+                on_simulator,
+                self.num_chunks * self.blocks_per_chunk * self.config.worker_kv_bytes_per_block,
+                self._metrics(None, f"worker{self.config.parallel.rank}"),
+            )
+        return self._worker
+
+    def _metrics(self, manager: CPUOffloadingManager | None, role: str) -> OffloadMetrics | None:
+        """This process's numbakv metrics, written to PROMETHEUS_MULTIPROC_DIR once a second."""
+        if not metrics_enabled():
+            return None
+        if not multiprocess_mode():
+            logger.info(
+                "numbakv: metrics are not exported; set PROMETHEUS_MULTIPROC_DIR to a directory "
+                "for numbakv-sidecar to read (docs/VLLM.md)"
+            )
+            return None
+        parallel = self.config.parallel
+        prefix = (
+            f"vllm-dp{parallel.data_parallel_index}" if parallel.data_parallel_size > 1 else "vllm"
+        )
+        metrics = OffloadMetrics(manager, instance=f"{prefix}-{role}", registry=None)
+        metrics.start_sync_thread(1.0)
+        return metrics

@@ -1,0 +1,302 @@
+"""Moving vLLM's offloaded chunks between its KV caches and numbakv's host pools, zero-copy.
+
+vLLM hands a worker its KV caches as canonical tensors, each `[num_blocks, page_bytes]` bytes, and
+says which tensors, and how many bytes of each page, every KV cache group uses. A job names GPU
+blocks group by group, and host chunks; a chunk holds `blocks_per_chunk` consecutive blocks of one
+group of one request. Here each group is one numbakv `KVLayout` (its tensors as block-major byte
+arrays) with its own `TransferEngine`, and a host block holds one GPU block of the group, so chunk
+c is host blocks `[c * k, c * k + k)`. Groups whose blocks are equally large share one host pool:
+a chunk belongs to one key, hence to one group, at a time.
+
+Imports neither vLLM nor (at module level) torch: the GPU tests drive it with torch tensors and
+the simulator tests with NumPy arrays, through the same code as vLLM's worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from numbakv.datapath import (
+    Direction,
+    HostPool,
+    JobDoneCallback,
+    KVLayout,
+    LayoutKind,
+    TransferEngine,
+)
+
+GroupRefs = Sequence[tuple[int, int]]
+"""One KV cache group's data: (index of a canonical tensor, bytes of each page it uses) per layer."""
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A job whose every part has finished: bytes moved and the slowest part's seconds."""
+
+    job_id: int
+    success: bool
+    nbytes: int
+    seconds: float
+
+
+@dataclass(eq=False)
+class _Job:
+    direction: Direction
+    chunk_ids: np.ndarray
+    pending: set[int]  # groups whose part has not finished
+    nbytes: int = 0
+    seconds: float = 0.0
+    success: bool = True
+
+
+class ChunkTransfers:
+    """Stores and loads vLLM's chunks with one numbakv transfer engine per KV cache group.
+
+    `block_arrays[t]` is canonical tensor t as a 2-D byte array `[num_blocks, page_bytes]` (a CUDA
+    tensor or, on the CUDA simulator, a NumPy view). `compute_stream()` gives the stream whose
+    queued work every job waits for: a store must not read blocks the model is still writing, and
+    a load must not overwrite blocks queued kernels still read (or are zeroing).
+
+    A store that fails leaves its chunks marked unloadable until a later store to them succeeds:
+    whatever the scheduler does with the failure, no half-written chunk is ever loaded.
+    """
+
+    def __init__(
+        self,
+        block_arrays: Sequence[Any],
+        group_refs: Sequence[GroupRefs],
+        blocks_per_chunk: int,
+        num_chunks: int,
+        *,
+        compute_stream: Callable[[], Any] | None = None,
+        engine_options: Mapping[str, Any] | None = None,
+        on_job_done: JobDoneCallback | None = None,
+    ) -> None:
+        if blocks_per_chunk < 1 or num_chunks < 1:
+            raise ValueError(
+                f"blocks_per_chunk and num_chunks must be >= 1, got {blocks_per_chunk}, {num_chunks}"
+            )
+        if not group_refs:
+            raise ValueError("no KV cache group to offload")
+        self.blocks_per_chunk = blocks_per_chunk
+        self.num_chunks = num_chunks
+        self._compute_stream = compute_stream
+        self._on_job_done = on_job_done
+        self.layouts = [
+            _group_layout(group, refs, block_arrays) for group, refs in enumerate(group_refs)
+        ]
+        self.pools: dict[int, HostPool] = {}
+        for layout in self.layouts:
+            if layout.block_bytes not in self.pools:
+                self.pools[layout.block_bytes] = HostPool(
+                    num_chunks * blocks_per_chunk, layout.block_bytes
+                )
+        self.engines = [
+            TransferEngine(
+                layout,
+                self.pools[layout.block_bytes],
+                on_job_done=partial(self._part_done, group),
+                **(engine_options or {}),
+            )
+            for group, layout in enumerate(self.layouts)
+        ]
+        self._sub_blocks = np.arange(blocks_per_chunk, dtype=np.int64)
+        self._unloadable = np.zeros(num_chunks, dtype=bool)
+        self._jobs: dict[int, _Job] = {}
+        self._done: list[int] = []
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(pool.nbytes for pool in self.pools.values())
+
+    def submit(
+        self,
+        job_id: int,
+        direction: Direction | str,
+        gpu_block_ids: np.ndarray,
+        group_sizes: Sequence[int],
+        block_indices: Sequence[int],
+        chunk_ids: np.ndarray,
+    ) -> None:
+        """Queue one job: group g's `group_sizes[g]` GPU blocks, the first being block
+        `block_indices[g]` of its request, to or from the chunks that hold them, in order.
+
+        Raises (ValueError, IndexError, TypeError) if the job does not fit, checked before any
+        memory is touched; should a later group's part be refused by its engine, the parts already
+        queued are waited for, and the job is never reported.
+        """
+        direction = Direction(direction)
+        if job_id in self._jobs:
+            raise ValueError(f"job {job_id} is already in flight")
+        chunk_ids = _chunk_array(chunk_ids, self.num_chunks)
+        if direction is Direction.LOAD and self._unloadable[chunk_ids].any():
+            bad = chunk_ids[self._unloadable[chunk_ids]]
+            raise ValueError(f"host chunks {bad.tolist()} were not stored completely: not loadable")
+        parts = self._parts(np.asarray(gpu_block_ids), group_sizes, block_indices, chunk_ids)
+        wait_event = None if self._compute_stream is None else self._compute_stream()
+        job = _Job(direction, chunk_ids, pending={group for group, _, _ in parts})
+        self._jobs[job_id] = job
+        queued: list[int] = []
+        try:
+            for group, gpu_ids, host_ids in parts:
+                self.engines[group].submit(job_id, direction, gpu_ids, host_ids, wait_event)
+                queued.append(group)
+        except BaseException:
+            self._abandon(job_id, queued)
+            raise
+
+    def _parts(
+        self,
+        gpu_ids: np.ndarray,
+        group_sizes: Sequence[int],
+        block_indices: Sequence[int],
+        chunk_ids: np.ndarray,
+    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Each group's (group, GPU block ids, host block ids); one empty part for an empty job."""
+        if len(group_sizes) != len(self.engines) or len(block_indices) != len(group_sizes):
+            raise ValueError(
+                f"expected group_sizes and block_indices for {len(self.engines)} KV cache "
+                f"group(s), got {len(group_sizes)} and {len(block_indices)}"
+            )
+        if gpu_ids.ndim != 1 or sum(group_sizes) != len(gpu_ids):
+            raise ValueError(
+                f"group_sizes {list(group_sizes)} do not add up to the {len(gpu_ids)} GPU blocks"
+            )
+        k = self.blocks_per_chunk
+        parts = []
+        gpu_at = chunk_at = 0
+        for group, (size, first) in enumerate(zip(group_sizes, block_indices)):
+            if size == 0:
+                continue
+            skip = first % k  # blocks of the first chunk before this job's first block
+            count = -(-(skip + size) // k)
+            chunks = chunk_ids[chunk_at : chunk_at + count]
+            if k == 1:
+                host_ids = chunks
+            else:
+                host_ids = (chunks[:, None] * k + self._sub_blocks).reshape(-1)[skip : skip + size]
+            parts.append((group, gpu_ids[gpu_at : gpu_at + size], host_ids))
+            gpu_at += size
+            chunk_at += count
+        if chunk_at != len(chunk_ids):
+            raise ValueError(
+                f"the GPU blocks fill {chunk_at} host chunks, the job names {len(chunk_ids)}"
+            )
+        return parts or [(0, gpu_ids, chunk_ids)]
+
+    def _abandon(self, job_id: int, queued: list[int]) -> None:
+        """A job refused half-way: wait for its queued parts, report none (the refused part stays
+        pending), and if it stored anything, mark its chunks unloadable."""
+        job = self._jobs[job_id]
+        for group in queued:
+            self.engines[group].wait(job_id)
+        if queued and job.direction is Direction.STORE:
+            self._unloadable[job.chunk_ids] = True
+        del self._jobs[job_id]
+
+    def _part_done(
+        self, group: int, job_id: int, direction: Direction, nbytes: int, seconds: float, ok: bool
+    ) -> None:
+        job = self._jobs[job_id]
+        job.pending.discard(group)
+        job.nbytes += nbytes
+        job.seconds = max(job.seconds, seconds)
+        job.success = job.success and ok
+        if self._on_job_done is not None:
+            self._on_job_done(job_id, direction, nbytes, seconds, ok)
+        if not job.pending:
+            self._done.append(job_id)
+
+    def finished(self) -> list[FinishedJob]:
+        """Jobs whose every part finished since the last call; never blocks."""
+        for engine in self.engines:
+            engine.get_finished()  # reaps the finished parts into _part_done
+        done, self._done = self._done, []
+        results = []
+        for job_id in done:
+            job = self._jobs.pop(job_id)
+            if job.direction is Direction.STORE:
+                self._unloadable[job.chunk_ids] = not job.success
+            results.append(FinishedJob(job_id, job.success, job.nbytes, job.seconds))
+        return results
+
+    def wait(self, job_ids: Sequence[int] | set[int]) -> None:
+        """Block until these jobs have finished (unknown or reported ones are skipped)."""
+        for job_id in job_ids:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                for group in list(job.pending):
+                    self.engines[group].wait(job_id)
+
+    def drain(self) -> None:
+        """Block until every job in flight has finished (they are still reported)."""
+        self.wait(list(self._jobs))
+
+    @property
+    def jobs_in_flight(self) -> int:
+        return len(self._jobs)
+
+
+def _group_layout(group: int, refs: GroupRefs, block_arrays: Sequence[Any]) -> KVLayout:
+    """A group's tensors, `page` bytes of each block, as a block-major layout of byte arrays."""
+    if not refs:
+        raise ValueError(f"KV cache group {group} names no tensor")
+    views = []
+    for tensor_index, page_bytes in refs:
+        if not 0 <= tensor_index < len(block_arrays):
+            raise ValueError(
+                f"KV cache group {group} names tensor {tensor_index}; there are {len(block_arrays)}"
+            )
+        array = block_arrays[tensor_index]
+        if len(array.shape) != 2 or not 0 < page_bytes <= array.shape[1]:
+            raise ValueError(
+                f"KV cache group {group}: tensor {tensor_index} has shape {tuple(array.shape)}, "
+                f"expected [num_blocks, page_bytes >= {page_bytes}]"
+            )
+        views.append(array[:, None, :page_bytes])  # [num_blocks, 1, page]: block-major like MLA
+    try:
+        return KVLayout.from_arrays(LayoutKind.MLA, views)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"KV cache group {group}: {error}") from None
+
+
+def _chunk_array(chunk_ids: Any, num_chunks: int) -> np.ndarray:
+    chunk_ids = np.asarray(chunk_ids)
+    if chunk_ids.ndim != 1 or (chunk_ids.size and chunk_ids.dtype.kind not in "iu"):
+        raise TypeError(f"chunk ids must be a 1-D integer array, got {chunk_ids!r}")
+    chunk_ids = chunk_ids.astype(np.int64, copy=False)
+    if chunk_ids.size and (chunk_ids.min() < 0 or chunk_ids.max() >= num_chunks):
+        raise IndexError(f"chunk ids must lie in [0, {num_chunks}), got {chunk_ids.tolist()}")
+    return chunk_ids
+
+
+def torch_block_arrays(
+    tensors: Sequence[Any], page_sizes: Sequence[int], on_simulator: bool
+) -> tuple[list[Any], Callable[[], Any] | None]:
+    """vLLM's canonical KV tensors as `[num_blocks, page_bytes]` byte arrays, and the compute
+    stream to order jobs after, zero-copy.
+
+    CUDA tensors are taken as they are (the kernels reach them through __cuda_array_interface__),
+    ordered after torch's current stream; on the CUDA simulator CPU tensors become NumPy views.
+    """
+    import torch
+
+    arrays = [tensor.view(torch.int8).view(-1, page) for tensor, page in zip(tensors, page_sizes)]
+    devices = {array.device.type for array in arrays}
+    if on_simulator:
+        if devices != {"cpu"}:
+            raise ValueError(
+                f"the CUDA simulator reaches CPU tensors only; the KV caches are on {sorted(devices)}"
+            )
+        return [array.numpy() for array in arrays], None
+    if devices != {"cuda"}:
+        raise ValueError(
+            f"numbakv's kernels need the KV caches on a CUDA GPU, got {sorted(devices)} "
+            "(CPU tensors run on the CUDA simulator: NUMBA_ENABLE_CUDASIM=1)"
+        )
+    return arrays, torch.cuda.current_stream

@@ -1,0 +1,220 @@
+"""numbakv's scheduler-side adapter under vLLM 0.32's OffloadingManager contract."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.vllm_support import require_vllm
+
+require_vllm()
+
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    ReqContext,
+    make_offload_key,
+)
+
+from numbakv import POLICIES, CPUOffloadingManager
+from numbakv.integrations.vllm.host_spec import HostChunksSpec
+from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
+from numbakv.replay import replay
+from numbakv.workloads import multi_turn_chat
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _benchmark():
+    """benchmarks/vllm_manager.py, whose connector_request drives a manager as vLLM 0.32 does."""
+    sys.path.insert(0, str(BENCHMARKS))  # for its sibling vllm_baseline
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "vllm_manager", BENCHMARKS / "vllm_manager.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+BENCH = _benchmark()
+
+
+def key(block: int, group: int = 0) -> bytes:
+    return make_offload_key(block.to_bytes(32, "big"), group)
+
+
+def keys(*blocks: int) -> list[bytes]:
+    return [key(block) for block in blocks]
+
+
+def adapter(capacity: int = 4, policy: str = "lru", **options) -> NumbaKVOffloadingManager:
+    return NumbaKVOffloadingManager(
+        CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy, **options)
+    )
+
+
+def stored(manager: NumbaKVOffloadingManager, *blocks: int) -> HostChunksSpec:
+    context = ReqContext(req_id="store")
+    output = manager.prepare_store(keys(*blocks), context)
+    manager.complete_store(set(output.keys_to_store), context)  # vLLM passes a set
+    return output.store_spec
+
+
+def test_lookup_says_hit_pending_or_miss_one_key_at_a_time():
+    manager = adapter()
+    context = ReqContext(req_id="a")
+    stored(manager, 1)
+    manager.prepare_store(keys(2), context)
+    assert manager.lookup(key(1), context) is LookupResult.HIT
+    assert manager.lookup(key(2), context) is LookupResult.HIT_PENDING
+    assert manager.lookup(key(3), context) is LookupResult.MISS
+    manager.complete_store(keys(2), context, success=False)
+    assert manager.lookup(key(2), context) is LookupResult.MISS
+
+
+def test_stores_skip_stored_keys_and_hand_out_int64_host_chunks():
+    manager = adapter()
+    context = ReqContext(req_id="a")
+    first = manager.prepare_store(keys(1, 2), context)
+    assert first.keys_to_store == keys(1, 2) and first.evicted_keys == []
+    assert isinstance(first.store_spec, HostChunksSpec)
+    assert first.store_spec.chunk_ids.dtype == np.int64
+    again = manager.prepare_store(keys(1, 2, 3), context)  # 1 and 2 are still being stored
+    assert again.keys_to_store == keys(3)
+    manager.complete_store(keys(1, 2, 3), context)
+    assert manager.prepare_store(keys(1, 2, 3), context).keys_to_store == []
+
+
+def test_loads_pin_their_chunks_until_complete_load():
+    manager = adapter(capacity=2)
+    context = ReqContext(req_id="a")
+    chunks = stored(manager, 1, 2).chunk_ids
+    spec = manager.prepare_load(keys(2, 1), context)
+    np.testing.assert_array_equal(spec.chunk_ids, chunks[::-1])
+    assert manager.prepare_store(keys(3), context) is None  # nothing evictable
+    manager.complete_load(set(keys(1, 2)), context)
+    assert manager.prepare_store(keys(3), context).evicted_keys == keys(1)
+
+
+def test_a_failed_store_frees_its_chunks_and_loads_nothing_half_written():
+    manager = adapter(capacity=2, enable_events=True)
+    context = ReqContext(req_id="a")
+    output = manager.prepare_store(keys(1, 2), context)
+    manager.complete_store(output.keys_to_store, context, success=False)
+    assert [manager.lookup(k, context) for k in keys(1, 2)] == [LookupResult.MISS] * 2
+    assert list(manager.take_events()) == []
+    retry = manager.prepare_store(keys(1, 2), context)
+    assert retry.evicted_keys == []  # the failed store's slots were free again
+    assert manager.manager.stats().failed_store_blocks == 2
+
+
+def test_events_are_vllm_offloading_events():
+    manager = adapter(capacity=1, enable_events=True)
+    stored(manager, 1)
+    stored(manager, 2)
+    events = list(manager.take_events())
+    assert [(e.keys, e.medium, e.removed) for e in events] == [
+        (keys(1), Medium.CPU, False),
+        (keys(1), Medium.CPU, True),
+        (keys(2), Medium.CPU, False),
+    ]
+    assert list(manager.take_events()) == []
+
+
+def test_recency_without_touch_a_loaded_prefix_outlives_older_chunks():
+    manager = adapter(capacity=3)
+    stored(manager, 1, 2)
+    stored(manager, 3)  # 3 is the most recent, 1 the least
+    context = ReqContext(req_id="reader")
+    assert BENCH.connector_request(manager, keys(1, 2, 4), "reader") == 2  # loads 1, 2; stores 4
+    assert manager.lookup(key(3), context) is LookupResult.MISS  # evicted in place of 1 and 2
+    assert [manager.lookup(k, context) for k in keys(1, 2, 4)] == [LookupResult.HIT] * 3
+
+
+def test_a_request_that_only_loads_is_touched_when_it_finishes():
+    manager = adapter(capacity=2)
+    stored(manager, 1)
+    stored(manager, 2)
+    context = ReqContext(req_id="reader")
+    manager.on_new_request(context)
+    manager.prepare_load(keys(1), context)
+    manager.complete_load(keys(1), context)
+    manager.on_request_finished(context)  # 1 is now more recent than 2
+    assert manager.prepare_store(keys(3), ReqContext(req_id="w")).evicted_keys == keys(2)
+
+
+def test_reset_cache_forgets_everything_even_loads_recorded_before_it():
+    manager = adapter(capacity=2)
+    stored(manager, 1)
+    context = ReqContext(req_id="a")
+    manager.prepare_load(keys(1), context)
+    manager.prepare_store(keys(2), context)
+    manager.reset_cache()
+    assert manager.lookup(key(2), context) is LookupResult.MISS  # not HIT_PENDING any more
+    manager.on_request_finished(context)  # its load belongs to the old cache: nothing to touch
+    assert manager.manager.stats().used == 0
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_replay_through_the_adapter_hits_as_numbakv_replay(policy):
+    chains = BENCH.offload_chains([r.hash_ids for r in multi_turn_chat(sessions=300, seed=1)])
+    for capacity in (200, 2_000):
+        expected = replay(chains, policy=policy, capacity=capacity).hits
+        assert BENCH.connector_replay(adapter(capacity, policy), chains) == expected
+
+
+@st.composite
+def prefix_sharing_chains(draw):
+    """Requests that share leading runs of blocks, as prompts of one conversation do."""
+    chains, next_block = [], 0
+    for _ in range(draw(st.integers(1, 40))):
+        base = draw(st.sampled_from(chains)) if chains and draw(st.booleans()) else []
+        shared = base[: draw(st.integers(0, len(base)))]
+        fresh = draw(st.integers(0 if shared else 1, 6))
+        chains.append(shared + list(range(next_block, next_block + fresh)))
+        next_block += fresh
+    return chains
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prefix_sharing_chains(),
+    st.sampled_from(sorted(POLICIES)),
+    st.integers(1, 12),
+    st.integers(1, 3),
+)
+def test_replay_through_the_adapter_hits_as_numbakv_replay_for_any_trace(
+    chains, policy, capacity, store_threshold
+):
+    keyed = BENCH.offload_chains(chains)
+    expected = replay(keyed, policy=policy, capacity=capacity, store_threshold=store_threshold)
+    manager = adapter(capacity, policy, store_threshold=store_threshold)
+    assert BENCH.connector_replay(manager, keyed) == expected.hits
+    stats = manager.manager.stats()
+    assert stats.being_stored == stats.being_read == 0
+
+
+def test_the_spec_sizes_the_host_tier_as_vllms_cpu_tier_does():
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+    from tests.vllm_support import offloading_config
+
+    # Two workers of 4096 bytes a block, chunks of two blocks: 16,384 bytes a chunk.
+    config = offloading_config(
+        {"cpu_bytes_to_use": 10 * 16_384 + 16_383, "blocks_per_chunk": 2, "store_threshold": 2},
+        worker_kv_bytes_per_block=4096,
+        world_size=2,
+    )
+    spec = NumbaKVOffloadingSpec(config)
+    assert (spec.num_chunks, spec.kv_bytes_per_chunk) == (10, 16_384)
+    manager = spec.get_manager().manager
+    assert (manager.num_blocks, manager.store_threshold, manager.policy_name) == (10, 2, "lru")
+    assert spec.get_manager() is spec.get_manager()
