@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -216,3 +219,33 @@ def test_sarc_keeps_part_of_a_loop_larger_than_the_cache() -> None:
         hits[policy] = manager.stats().hit_blocks
     assert hits["sarc"] > 1.5 * max(hits["lru"], hits["arc"])
     assert manager._policy.returns_to_t2 is False
+
+
+SAMPLED_REPLAY = """
+import hashlib
+from numbakv.policies.miniatures import MiniatureTuner, Miniature
+from numbakv.policies import LRUPolicy
+from tests.test_miniatures import random_chains
+
+tuner = MiniatureTuner([Miniature(LRUPolicy(8, [0] * 8))], sampling=4)
+for chain in random_chains(0):
+    tuner.observe([hashlib.sha256(str(h).encode()).digest() + bytes(4) for h in chain])
+    tuner.observe([f"block-{h}" for h in chain])
+print(tuner.miniatures[0].hits)
+"""
+
+
+def test_the_sample_is_the_same_in_every_process() -> None:
+    """bytes and str hashes (vLLM's keys are bytes) are sampled alike whatever Python's per-process
+    hash salt, so a deployment's hits do not change from run to run."""
+    hits = {
+        subprocess.run(
+            [sys.executable, "-c", SAMPLED_REPLAY],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(hits) == 1 and float(hits.pop()) > 0

@@ -4,6 +4,7 @@ Miniature Simulations", USENIX ATC 2017)."""
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
@@ -28,6 +29,17 @@ class Replaying(Protocol):
     hits: float
 
     def request(self, chain: Sequence[BlockHash], distinct: bool = False) -> int: ...
+
+
+def sample_key(block_hash: BlockHash) -> int:
+    """A number that picks a hash for the sample, the same in every process: Python salts the
+    `hash()` of bytes and str per process (vLLM's keys are bytes), which would make a deployment's
+    hits differ from run to run. Other hashes (ints, tuples of ints) keep their `hash()`."""
+    if isinstance(block_hash, str):
+        block_hash = block_hash.encode()
+    if isinstance(block_hash, bytes):
+        return zlib.crc32(block_hash)
+    return hash(block_hash)
 
 
 def sampling_for(capacity: int) -> int:
@@ -222,7 +234,7 @@ class MiniatureTuner:
     def observe(self, chain: Sequence[BlockHash]) -> int:
         """Feed one request's chain; returns the index of the leading candidate."""
         sampling = self.sampling
-        sampled = [block_hash for block_hash in chain if hash(block_hash) % sampling == 0]
+        sampled = [block_hash for block_hash in chain if sample_key(block_hash) % sampling == 0]
         if not sampled:
             return self.leader
         distinct = len(sampled) < 2 or len(set(sampled)) == len(sampled)
