@@ -4,10 +4,10 @@ Miniature Simulations", USENIX ATC 2017)."""
 
 from __future__ import annotations
 
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
+from zlib import crc32
 
 from numbakv.policies.base import CachePolicy
 from numbakv.policies.ghosts import GhostList
@@ -29,17 +29,6 @@ class Replaying(Protocol):
     hits: float
 
     def request(self, chain: Sequence[BlockHash], distinct: bool = False) -> int: ...
-
-
-def sample_key(block_hash: BlockHash) -> int:
-    """A number that picks a hash for the sample, the same in every process: Python salts the
-    `hash()` of bytes and str per process (vLLM's keys are bytes), which would make a deployment's
-    hits differ from run to run. Other hashes (ints, tuples of ints) keep their `hash()`."""
-    if isinstance(block_hash, str):
-        block_hash = block_hash.encode()
-    if isinstance(block_hash, bytes):
-        return zlib.crc32(block_hash)
-    return hash(block_hash)
 
 
 def sampling_for(capacity: int) -> int:
@@ -234,7 +223,21 @@ class MiniatureTuner:
     def observe(self, chain: Sequence[BlockHash]) -> int:
         """Feed one request's chain; returns the index of the leading candidate."""
         sampling = self.sampling
-        sampled = [block_hash for block_hash in chain if sample_key(block_hash) % sampling == 0]
+        # Python salts the hash() of bytes and str per process (vLLM's keys are bytes): those
+        # are sampled by CRC-32 instead, so that a deployment decides the same in every run.
+        sampled = [
+            block_hash
+            for block_hash in chain
+            if (
+                crc32(block_hash)
+                if type(block_hash) is bytes
+                else hash(block_hash)
+                if type(block_hash) is not str
+                else crc32(block_hash.encode())
+            )
+            % sampling
+            == 0
+        ]
         if not sampled:
             return self.leader
         distinct = len(sampled) < 2 or len(set(sampled)) == len(sampled)
