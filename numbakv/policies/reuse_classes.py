@@ -187,31 +187,37 @@ class ReuseClasses:
         """
         ticks, stored, reused = self._ticks, self._stored, self._reused
         prior = PRIOR * (self._total_reused / self._total_stored) if self._total_reused else 0.0
-        if prior:  # slowness(), inlined
+        if prior:  # slowness(), inlined; each entry keeps its class's weight
             heap = [
-                ((ticks[head] - now) * ((stored[c] + PRIOR) / (reused[c] + prior)), c, head)
+                ((ticks[head] - now) * (w := (stored[c] + PRIOR) / (reused[c] + prior)), c, head, w)
                 for c, head in self._heads.items()
             ]
         else:
-            heap = [((ticks[head] - now) * 1.0, c, head) for c, head in self._heads.items()]
+            heap = [((ticks[head] - now) * 1.0, c, head, 1.0) for c, head in self._heads.items()]
         heapify(heap)
         newer, first = self._queues.newer, self.capacity
         taken: list[int] = []
         while heap and count:
-            _, block_class, head = heap[0]
-            if not (pinned[head] or hash_of[head] in protected):
-                taken.append(head)
-                count -= 1
+            _, block_class, head, weight = heap[0]
             end = first + block_class
-            head = newer[head]
-            while head != end and (pinned[head] or hash_of[head] in protected):
+            # The class keeps the lead, with no heap operation, while its next block sorts
+            # before the best of the other classes (the smaller of the heap's two children).
+            rival = min(heap[1:3]) if len(heap) > 1 else None
+            while True:
+                if not (pinned[head] or hash_of[head] in protected):
+                    taken.append(head)
+                    count -= 1
+                    if not count:
+                        break
                 head = newer[head]
-            if head == end:
-                heappop(heap)
-            else:
-                weight = (
-                    (stored[block_class] + PRIOR) / (reused[block_class] + prior) if prior else 1.0
-                )
-                heapreplace(heap, ((ticks[head] - now) * weight, block_class, head))
+                while head != end and (pinned[head] or hash_of[head] in protected):
+                    head = newer[head]
+                if head == end:
+                    heappop(heap)
+                    break
+                entry = ((ticks[head] - now) * weight, block_class, head, weight)
+                if rival is not None and rival < entry:
+                    heapreplace(heap, entry)
+                    break
         self.leave_all(taken)
         return taken

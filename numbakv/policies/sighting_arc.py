@@ -254,14 +254,16 @@ class SightingARCPolicy(CachePolicy):
             self._clock = now + 1
             if over_bound:
                 chosen_t1 = reuse.take_victims(over_bound, now, pinned, hash_of, protected)
-        by_class = set(chosen_t1)  # the walk from T1's old end skips these
+        by_class = len(chosen_t1)
+        walked = n - by_class
+        taken = set(chosen_t1) if walked else ()  # the walk from T1's old end skips these
         chosen_t2: list[int] = []
         # Walk each list from its old end, past blocks that may not leave (ref count not 0,
         # named in the call, or taken by class).
         head_t1, head_t2 = newer[t1_end], newer[t2_end]
-        for _ in range(n - len(chosen_t1)):
+        for _ in range(walked):
             while head_t1 != t1_end and (
-                pinned[head_t1] or head_t1 in by_class or hash_of[head_t1] in protected
+                pinned[head_t1] or head_t1 in taken or hash_of[head_t1] in protected
             ):
                 head_t1 = newer[head_t1]
             while head_t2 != t2_end and (pinned[head_t2] or hash_of[head_t2] in protected):
@@ -286,8 +288,8 @@ class SightingARCPolicy(CachePolicy):
             del where[block_hash]
         if chosen_t1:
             self.b1.add_all([block_hash for block_hash, _ in victims[: len(chosen_t1)]])
-            if reuse is not None:
-                reuse.leave_all(chosen_t1)  # those taken by class have left already
+            if reuse is not None and len(chosen_t1) > by_class:
+                reuse.leave_all(chosen_t1[by_class:])  # those taken by class have left already
         if chosen_t2:
             self.b2.add_all([block_hash for block_hash, _ in victims[len(chosen_t1) :]])
         self._t1_size -= len(chosen_t1)
