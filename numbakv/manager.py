@@ -42,12 +42,24 @@ class ManagerStats:
     capacity: int
 
 
+MAX_SIZE = 2**31
+"""The largest block count (and block size) taken: the manager keeps a few list slots per block,
+so a larger pool would need hundreds of GiB of bookkeeping before its first call."""
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return int(value)
+
+
+def _size(name: str, value: object) -> int:
+    value = _positive_int(name, value)
+    if value > MAX_SIZE:
+        raise ValueError(f"{name} must be at most 2**31 ({MAX_SIZE:,}), got {value:,}")
+    return value
 
 
 def _hash_list(block_hashes: Iterable[BlockHash], argument: str = "block_hashes") -> Sequence:
@@ -66,6 +78,29 @@ def _hash_list(block_hashes: Iterable[BlockHash], argument: str = "block_hashes"
         ) from None
 
 
+def _unhashable(method: str, block_hashes: Sequence) -> TypeError:
+    """The error for a call whose hashes are not all hashable, naming the first that is not."""
+    for position, block_hash in enumerate(block_hashes):
+        try:
+            hash(block_hash)
+        except TypeError:
+            return TypeError(
+                f"{method}: block_hashes[{position}] is a {type(block_hash).__name__}, which is "
+                "not hashable: a block hash must be bytes, an int or another hashable value"
+            )
+    return TypeError(f"{method}: block_hashes hold a value that cannot be hashed")
+
+
+def _checked(method: str, block_hashes: Iterable[BlockHash]) -> Sequence:
+    """The hashes as a sequence, every one of them hashable (else nothing has happened yet)."""
+    hashes = _hash_list(block_hashes)
+    try:
+        frozenset(hashes)  # hashes them all in C
+    except TypeError:
+        raise _unhashable(method, hashes) from None
+    return hashes
+
+
 class CPUOffloadingManager:
     """Tracks the host pool's blocks: lookups, loads and stores with ref counts, eviction and events.
 
@@ -82,8 +117,8 @@ class CPUOffloadingManager:
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
     ) -> None:
-        self.block_size = _positive_int("block_size", block_size)
-        self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.block_size = _size("block_size", block_size)
+        self.num_blocks = _size("num_blocks", num_blocks)
         self.store_threshold = _positive_int("store_threshold", store_threshold)
         self.max_tracker_size = _positive_int("max_tracker_size", max_tracker_size)
         self.policy_name = cache_policy
@@ -116,11 +151,15 @@ class CPUOffloadingManager:
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
         hits = 0
-        for block_hash in hashes:
-            block_id = get(block_hash)
-            if block_id is None or ref_counts[block_id] < 0:
-                break
-            hits += 1
+        try:
+            for block_hash in hashes:
+                block_id = get(block_hash)
+                if block_id is None or ref_counts[block_id] < 0:
+                    break
+                hits += 1
+            frozenset(hashes[hits + 1 :])  # the rest must be hashable too
+        except TypeError:
+            raise _unhashable("lookup", hashes) from None
         self._lookups += 1
         self._hit_blocks += hits
         self._missed_blocks += len(hashes) - hits
@@ -142,13 +181,16 @@ class CPUOffloadingManager:
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark the hashes as used now, the first as the most recent; unknown hashes are ignored."""
-        self._policy.touch(_hash_list(block_hashes))
+        self._policy.touch(_checked("touch", block_hashes))
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         """Pin every block for reading and say where it is; all must be cached and ready."""
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
-        block_ids = [get(block_hash) for block_hash in hashes]
+        try:
+            block_ids = [get(block_hash) for block_hash in hashes]
+        except TypeError:
+            raise _unhashable("prepare_load", hashes) from None
         for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
             if block_id is None:
                 raise KeyError(
@@ -171,7 +213,10 @@ class CPUOffloadingManager:
         """Release the pins of a finished load; every hash must be one being loaded."""
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
-        block_ids = [get(block_hash) for block_hash in hashes]
+        try:
+            block_ids = [get(block_hash) for block_hash in hashes]
+        except TypeError:
+            raise _unhashable("complete_load", hashes) from None
         released = 0
         for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
             if block_id is None or ref_counts[block_id] <= 0:
@@ -197,7 +242,10 @@ class CPUOffloadingManager:
         """
         hashes = _hash_list(block_hashes)
         get = self._policy.get
-        unique = dict.fromkeys(hashes)
+        try:
+            unique = dict.fromkeys(hashes)
+        except TypeError:
+            raise _unhashable("prepare_store", hashes) from None
         to_store = [block_hash for block_hash in unique if get(block_hash) is None]
         named_cached = len(to_store) < len(unique)
         skipped = 0
@@ -250,7 +298,11 @@ class CPUOffloadingManager:
 
         Only blocks still being stored are affected; ready and unknown hashes are ignored.
         """
-        hashes = dict.fromkeys(_hash_list(block_hashes))
+        listed = _hash_list(block_hashes)
+        try:
+            hashes = dict.fromkeys(listed)
+        except TypeError:
+            raise _unhashable("complete_store", listed) from None
         ref_counts = self._ref_counts
         pending = [
             (block_hash, block_id)

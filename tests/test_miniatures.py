@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
 from numbakv.policies import LRUPolicy, SightingARCPolicy
@@ -14,9 +19,10 @@ from numbakv.policies.miniatures import (
     SMALLEST,
     Miniature,
     MiniatureTuner,
+    SightingMiniature,
     sampling_for,
 )
-from numbakv.policies.sighting_arc import LRU, SETTINGS, Setting
+from numbakv.policies.sighting_arc import LRU, SETTINGS, SIGHTING_MEMORY, Setting
 from tests.replaying import replay_into
 
 
@@ -75,11 +81,47 @@ def test_sampling_keeps_miniatures_big_enough() -> None:
     assert sampling_for(10**6) == SAMPLING
 
 
+CHAINS = st.lists(
+    st.lists(st.integers(0, 40), min_size=1, max_size=7).map(sorted), min_size=1, max_size=60
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains=CHAINS, size=st.integers(1, 12), setting=st.sampled_from(SETTINGS))
+def test_the_lean_miniature_decides_as_the_policy_with_that_setting(chains, size, setting) -> None:
+    """SightingMiniature against Miniature(SightingARCPolicy(setting)): the same hits on every
+    request, and the same lists, in order, after each."""
+    lean = SightingMiniature(size, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+    full = Miniature(SightingARCPolicy(size, [0] * size, setting))
+    policy = full.policy
+    for chain in chains:
+        chain = chain + chain[:1] if len(chain) % 3 == 0 else chain  # now and then a repeat
+        assert lean.request(chain, len(set(chain)) == len(chain)) == full.request(chain)
+        assert list(lean.t1) == policy.t1
+        assert list(lean.t2) == policy.t2
+        assert list(lean.b1) == list(policy.b1)
+        assert list(lean.b2) == list(policy.b2)
+    assert lean.hits == full.hits
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_request_may_evict_its_hits_but_not_its_tail(setting) -> None:
+    """[1, 9, 2] on a full cache of 1 and 2: both were just touched, the newest of all; the
+    store of 9 must evict 1 (a hit, not named in the store) and keep 2 (in the stored tail)."""
+    lean = SightingMiniature(2, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+    full = Miniature(SightingARCPolicy(2, [0] * 2, setting))
+    for chain in ([1, 2], [1, 9, 2]):
+        assert lean.request(chain, distinct=True) == full.request(chain)
+    assert sorted([*lean.t1, *lean.t2]) == sorted([*full.policy.t1, *full.policy.t2]) == [2, 9]
+
+
 def tuner_for(capacity: int) -> MiniatureTuner:
     settings = (Setting(1.0, True), Setting(0.0, True))
-    return MiniatureTuner(
-        [SightingARCPolicy(capacity, [0] * capacity, setting) for setting in settings], sampling=1
-    )
+    miniatures = [
+        SightingMiniature(capacity, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+        for setting in settings
+    ]
+    return MiniatureTuner(miniatures, sampling=1)
 
 
 def test_the_tuner_follows_the_candidate_that_hits_most() -> None:
@@ -96,7 +138,10 @@ def test_the_tuner_follows_the_candidate_that_hits_most() -> None:
 
 def tuner_with_scores(*scores: float, default: int, undecided: int) -> MiniatureTuner:
     tuner = MiniatureTuner(
-        [LRUPolicy(4, [0] * 4) for _ in scores], sampling=1, default=default, undecided=undecided
+        [Miniature(LRUPolicy(4, [0] * 4)) for _ in scores],
+        sampling=1,
+        default=default,
+        undecided=undecided,
     )
     for miniature, score in zip(tuner.miniatures, scores):
         miniature.hits = score
@@ -128,7 +173,9 @@ def test_a_lead_within_noise_keeps_the_leader(spread: float, leader: int) -> Non
 
 
 def test_spread_sums_squared_differences_per_request() -> None:
-    tuner = MiniatureTuner([LRUPolicy(4, [0] * 4), LRUPolicy(1, [0])], sampling=1)
+    tuner = MiniatureTuner(
+        [Miniature(LRUPolicy(4, [0] * 4)), Miniature(LRUPolicy(1, [0]))], sampling=1
+    )
     for chain in ([1, 2], [1, 2], [1, 2]):  # hits: 0 and 0, then 2 and 0, then 2 and 0
         tuner.observe(chain)
     assert tuner.spread == [[0, 8], [8, 0]]
@@ -136,7 +183,7 @@ def test_spread_sums_squared_differences_per_request() -> None:
 
 def test_scores_are_halved_past_forget() -> None:
     hot = list(range(100))
-    tuner = MiniatureTuner([LRUPolicy(100, [0] * 100)], sampling=1)
+    tuner = MiniatureTuner([Miniature(LRUPolicy(100, [0] * 100))], sampling=1)
     for _ in range(FORGET // 100 + 2):
         tuner.observe(hot)
     assert FORGET / 2 < tuner.miniatures[0].hits <= FORGET
@@ -172,3 +219,33 @@ def test_sarc_keeps_part_of_a_loop_larger_than_the_cache() -> None:
         hits[policy] = manager.stats().hit_blocks
     assert hits["sarc"] > 1.5 * max(hits["lru"], hits["arc"])
     assert manager._policy.returns_to_t2 is False
+
+
+SAMPLED_REPLAY = """
+import hashlib
+from numbakv.policies.miniatures import MiniatureTuner, Miniature
+from numbakv.policies import LRUPolicy
+from tests.test_miniatures import random_chains
+
+tuner = MiniatureTuner([Miniature(LRUPolicy(8, [0] * 8))], sampling=4)
+for chain in random_chains(0):
+    tuner.observe([hashlib.sha256(str(h).encode()).digest() + bytes(4) for h in chain])
+    tuner.observe([f"block-{h}" for h in chain])
+print(tuner.miniatures[0].hits)
+"""
+
+
+def test_the_sample_is_the_same_in_every_process() -> None:
+    """bytes and str hashes (vLLM's keys are bytes) are sampled alike whatever Python's per-process
+    hash salt, so a deployment's hits do not change from run to run."""
+    hits = {
+        subprocess.run(
+            [sys.executable, "-c", SAMPLED_REPLAY],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(hits) == 1 and float(hits.pop()) > 0

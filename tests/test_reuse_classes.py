@@ -3,80 +3,144 @@
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
-from numbakv.policies.reuse_classes import HALVE_AFTER, PRIOR, ReuseClasses, block_class
+from numbakv.policies.reuse_classes import (
+    BUCKETS,
+    CLASSES,
+    HALVE_AFTER,
+    POSITION_EDGES,
+    PREFIX_EDGES,
+    PRIOR,
+    TAIL_EDGES,
+    ReuseClasses,
+    block_class,
+    group_class,
+    position_bucket,
+)
 from tests.replaying import replay_into
 
 FIRST, OTHER = block_class(0, 1, 0), block_class(4, 8, 5)
+NOTHING = frozenset()
+
+
+def classes_of(capacity: int, memory: int, ticks=None) -> ReuseClasses:
+    return ReuseClasses(capacity, memory, [0] * capacity if ticks is None else ticks)
+
+
+def add(classes: ReuseClasses, blocks, block_class: int) -> None:
+    """Blocks whose hash is their id, all of one class."""
+    blocks = list(blocks)
+    classes.add_all(blocks, blocks, [block_class] * len(blocks))
 
 
 def test_classes_bucket_prefix_tail_and_position() -> None:
-    assert block_class(0, 1, 0) == (0, 0, 0)
-    assert block_class(1, 2, 1) == (1, 1, 1)
-    assert block_class(3, 7, 3) == (3, 2, 2)
-    assert block_class(100, 100, 99) == (6, 6, 6)
-    assert block_class(2, 5, 3) is block_class(2, 6, 2)  # one tuple per class, not per block
+    assert block_class(0, 1, 0) == 0
+    assert block_class(1, 2, 1) == (1 * BUCKETS + 1) * BUCKETS + 1
+    assert block_class(100, 100, 99) == CLASSES - 1
+    assert block_class(2, 5, 3) == block_class(2, 6, 2)  # the same buckets
+
+
+@given(st.tuples(*[st.integers(0, 80)] * 3), st.tuples(*[st.integers(0, 80)] * 3))
+def test_class_numbers_sort_as_their_bucket_tuples(one, other) -> None:
+    """Ties between equally old and slow classes go to the smaller number, as they went to the
+    smaller (prefix, tail, position) bucket tuple."""
+
+    def buckets(prefix: int, tail: int, position: int) -> tuple[int, int, int]:
+        return (
+            bisect_right(PREFIX_EDGES, prefix),
+            bisect_right(TAIL_EDGES, tail),
+            bisect_right(POSITION_EDGES, position),
+        )
+
+    assert (block_class(*one) < block_class(*other)) == (buckets(*one) < buckets(*other))
+    assert block_class(*one) == group_class(*one[:2]) + position_bucket(one[2])
 
 
 def test_rates_start_equal_and_follow_what_comes_back() -> None:
-    classes = ReuseClasses(capacity=1000, memory=1000)
-    for block in range(10):
-        classes.add(block, FIRST)
-        classes.add(100 + block, OTHER)
-    slowness = classes._slowness()
+    classes = classes_of(capacity=1000, memory=1000)
+    add(classes, range(10), FIRST)
+    add(classes, range(100, 110), OTHER)
+    slowness = classes.slowness()
     assert slowness(FIRST) == slowness(OTHER) == 1.0  # nothing came back yet
     classes.seen(list(range(10)) * 2)  # every FIRST block comes back, counted once
-    mean, slowness = 10 / 20, classes._slowness()
+    mean, slowness = 10 / 20, classes.slowness()
     assert 1 / slowness(FIRST) == pytest.approx((10 + PRIOR * mean) / (10 + PRIOR))
     assert 1 / slowness(OTHER) == pytest.approx(PRIOR * mean / (10 + PRIOR))
 
 
 def test_a_forgotten_block_coming_back_is_not_counted() -> None:
-    classes = ReuseClasses(capacity=1000, memory=3)
-    for block in range(4):
-        classes.add(block, FIRST if block else OTHER)
+    classes = classes_of(capacity=1000, memory=3)
+    add(classes, [0], OTHER)
+    add(classes, [1, 2, 3], FIRST)
     classes.seen([0, 1])  # 0 (OTHER) is beyond the memory of 3 blocks
     assert classes._reused[OTHER] == 0
     assert classes._reused[FIRST] == 1
 
 
 def test_counts_halve_so_recent_traffic_counts_more() -> None:
-    classes = ReuseClasses(capacity=10, memory=1000)
+    classes = classes_of(capacity=10, memory=1000)
     for block in range(HALVE_AFTER * 10 + 1):
-        classes.add(block, FIRST)
+        classes.add_all([block % 10], [block], [FIRST])
+        classes.leave_all([block % 10])
     assert classes._stored[FIRST] == (HALVE_AFTER * 10 + 1) / 2
 
 
-def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
-    classes = ReuseClasses(capacity=1000, memory=1000)
+def four_queued_blocks() -> tuple[ReuseClasses, list[int]]:
+    """198 and 199 of FIRST, 200 and 201 of OTHER, FIRST coming back five times as often."""
+    ticks = [0] * 400
+    ticks[198], ticks[199], ticks[200], ticks[201] = 0, 10, 50, 60
+    classes = classes_of(capacity=400, memory=1000, ticks=ticks)
     returning, lost = range(200), range(200, 400)
-    for block in returning:
-        classes.add(block, FIRST)
-    for block in lost:
-        classes.add(block, OTHER)
+    add(classes, returning, FIRST)
+    add(classes, lost, OTHER)
     classes.seen(list(returning))  # FIRST comes back five times as often as OTHER, after PRIOR
-    for block in [*returning[:-2], *lost[2:]]:
-        classes.leave(block)  # queued now: 198, 199 (FIRST); 200, 201 (OTHER)
-    last_used = {198: 0, 199: 10, 200: 50, 201: 60}
+    classes.leave_all([*returning[:-2], *lost[2:]])
+    return classes, ticks
+
+
+def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
+    hash_of, idle = list(range(400)), [0] * 400
     # ages over rates at 100: 120 and 108 (FIRST, rate 5/6); 300 and 240 (OTHER, rate 1/6)
-    assert list(classes.victims(100, last_used, lambda block: True)) == [200, 201, 198, 199]
-    assert list(classes.victims(100, last_used, lambda block: block != 200)) == [201, 198, 199]
-    classes.demote(201)  # the oldest of OTHER now, whatever its age
-    assert list(classes.victims(100, last_used, lambda block: True)) == [201, 200, 198, 199]
-    assert list(classes.victims(100, last_used, lambda block: False)) == []
-    for block in (198, 199):
-        classes.leave(block)
-    assert list(classes.queues) == [OTHER]  # an emptied class is dropped
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, idle, hash_of, NOTHING) == [200, 201, 198, 199]
+    assert classes.queued == {}  # taken blocks leave their classes; an emptied class is dropped
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(2, 100, idle, hash_of, NOTHING) == [200, 201]
+    assert list(classes.queue(FIRST)) == [198, 199]
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, idle, hash_of, {200}) == [201, 198, 199]
+    assert list(classes.queue(OTHER)) == [200]
+    pinned = idle.copy()
+    pinned[198] = 1
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, pinned, hash_of, NOTHING) == [200, 201, 199]
+    classes, ticks = four_queued_blocks()
+    classes.demote(201)  # the oldest of OTHER now (the policy also gives it the oldest tick)
+    ticks[201] = -1
+    assert classes.take_victims(4, 100, idle, hash_of, NOTHING) == [201, 200, 198, 199]
+    classes, _ = four_queued_blocks()
+    assert classes.take_victims(4, 100, [1] * 400, hash_of, NOTHING) == []
+
+
+def test_a_renewed_block_becomes_the_newest_of_its_class() -> None:
+    ticks = list(range(10))
+    classes = classes_of(capacity=10, memory=100, ticks=ticks)
+    add(classes, range(4), FIRST)
+    ticks[0] = 20  # touched while its store is in flight
+    classes.renew(0)
+    assert list(classes.queue(FIRST)) == [1, 2, 3, 0]
+    assert classes.take_victims(4, 30, [0] * 10, list(range(10)), NOTHING) == [1, 2, 3, 0]
 
 
 @given(
     blocks=st.lists(
-        st.tuples(st.sampled_from([FIRST, OTHER, block_class(1, 1, 0)]), st.integers(0, 50)),
+        st.tuples(st.sampled_from([FIRST, OTHER, block_class(1, 1, 0)]), st.integers(0, 5)),
         min_size=1,
         max_size=30,
     ),
@@ -86,25 +150,30 @@ def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
 )
 def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demoted, stuck) -> None:
     """Against a slow reference: every evictable queued block once, each class in queue order,
-    the next always the class head of largest age / rate (ties to the smaller class)."""
-    classes = ReuseClasses(capacity=1000, memory=1000)
-    last_used = {}
-    for block, (kind, tick) in enumerate(blocks):
-        classes.add(block, kind)
-        last_used[block] = tick  # not in queue order: a touch may stamp a pending block
+    the next always the first evictable block of the class of largest age / rate (ties to the
+    smaller class). Ticks grow in the order blocks are queued, as the policy ranks them; a
+    demoted block is the oldest."""
+    ticks = [0] * 30
+    classes = classes_of(capacity=30, memory=1000, ticks=ticks)
+    clock = 0
+    for block, (kind, gap) in enumerate(blocks):
+        clock += gap
+        ticks[block] = clock
+        classes.add_all([block], [block], [kind])
     classes.seen(sorted(returning))
-    for block in sorted(demoted & set(last_used)):
+    for block in sorted(demoted & set(range(len(blocks)))):
         classes.demote(block)
-    now, slowness = 100, classes._slowness()  # 1 / rate, rounded exactly as victims rounds it
-    queues = {c: [b for b in queue if b not in stuck] for c, queue in classes.queues.items()}
+        ticks[block] = -1
+    now, slowness = clock + 1, classes.slowness()
+    pinned = [int(block in stuck) for block in range(30)]
+    queues = {c: [b for b in classes.queue(c) if b not in stuck] for c in classes.queued}
     expected = []
     while any(queues.values()):
         heads = [(c, queue[0]) for c, queue in queues.items() if queue]
-        kind, _ = min(
-            heads, key=lambda item: ((last_used[item[1]] - now) * slowness(item[0]), item[0])
-        )
+        kind, _ = min(heads, key=lambda item: ((ticks[item[1]] - now) * slowness(item[0]), item[0]))
         expected.append(queues[kind].pop(0))
-    assert list(classes.victims(now, last_used, lambda block: block not in stuck)) == expected
+    taken = classes.take_victims(len(blocks), now, pinned, list(range(30)), NOTHING)
+    assert taken == expected
 
 
 def test_sarc_evicts_the_class_that_does_not_come_back_before_an_older_block() -> None:
@@ -124,15 +193,17 @@ def test_sarc_evicts_the_class_that_does_not_come_back_before_an_older_block() -
 
 
 def test_queued_blocks_are_the_blocks_seen_once() -> None:
-    """Whatever the traffic (loads in flight, failed stores), the class queues hold exactly T1,
-    once the blocks stored since the last touch are ranked."""
+    """Whatever the traffic (loads in flight, failed stores, stores between touches), the class
+    queues hold exactly T1's blocks, each class in tick order, with its head on record."""
     rng = random.Random(0)
     manager = CPUOffloadingManager(1, 64, "sarc")
     policy = manager._policy
+    reuse = policy.reuse
     for _ in range(400):
         chain = [rng.randrange(8)] + [rng.randrange(200) for _ in range(rng.randrange(1, 6))]
         hits = manager.lookup(chain)
-        manager.touch(chain)
+        if rng.random() < 0.8:
+            manager.touch(chain)
         loading = chain[:hits]
         if loading:
             manager.prepare_load(loading)
@@ -141,6 +212,11 @@ def test_queued_blocks_are_the_blocks_seen_once() -> None:
             manager.complete_store(output.block_hashes_to_store, success=rng.random() < 0.8)
         if loading:
             manager.complete_load(loading)
-        policy._rank_just_stored()
-        assert set(policy.reuse._queued) == set(policy.t1)
-        assert sum(map(len, policy.reuse.queues.values())) == len(policy.t1)
+        t1_ids = {policy.get(block_hash) for block_hash in policy.t1}
+        queues = {c: list(reuse.queue(c)) for c in reuse.queued}
+        assert {block for queue in queues.values() for block in queue} == t1_ids
+        assert {c: len(queue) for c, queue in queues.items()} == reuse.queued
+        assert {c: queue[0] for c, queue in queues.items()} == reuse._heads
+        for queue in queues.values():
+            ticks = [policy._tick[block] for block in queue]
+            assert ticks == sorted(ticks)

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from itertools import count
 from typing import NamedTuple
 
-from numbakv.policies.arc import ARCPolicy
-from numbakv.policies.base import idle_entries, retire_to_ghosts
+from numbakv.policies.base import CachePolicy
+from numbakv.policies.block_lists import BlockLists
 from numbakv.policies.chain_ends import ChainEndWatch
-from numbakv.policies.miniatures import MiniatureTuner, sampling_for
-from numbakv.policies.reuse_classes import ReuseClasses, block_class
+from numbakv.policies.ghosts import GhostList
+from numbakv.policies.miniatures import MiniatureTuner, SightingMiniature, sampling_for
+from numbakv.policies.reuse_classes import (
+    BUCKETS,
+    POSITION_BUCKETS,
+    ReuseClasses,
+    group_class,
+)
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
@@ -36,9 +41,10 @@ SETTINGS = (
 )
 LRU = SETTINGS.index(Setting(1.0, True))  # the challenger whenever it ties for the most hits
 UNDECIDED = SETTINGS.index(Setting(0.5, True))  # leads while all miniatures tie: the middle bound
+DEMOTED = -1  # the tick of a demoted chain end: older than every block
 
 
-class SightingARCPolicy(ARCPolicy):
+class SightingARCPolicy(CachePolicy):
     """Chooses online between LRU and "admit on the second sighting"; no knob.
 
     Most KV blocks are never used again, and those that are come back after a long gap (the next
@@ -56,15 +62,19 @@ class SightingARCPolicy(ARCPolicy):
       its lead is beyond noise (half the capacity until they differ);
     - one setting stores returning ghosts into T1 instead, so that T2 holds only blocks hit while
       cached: on a loop larger than the cache that part stays put and hits, where LRU hits nothing;
-    - blocks stored since the last touch are ranked like a touched chain, the first the most recent:
-      a hit on any of them needs the ones before it;
+    - the blocks of one store are ranked like a touched chain, the first the most recent: a hit on
+      any of them needs the ones before it;
     - a chain's last block is ranked below every other block while it comes back far less often
       than the block before it (`ChainEndWatch`);
     - when T1 is over p, its victim is not simply the least recent: a block of a class of requests
       whose blocks come back less often goes sooner (`ReuseClasses`).
 
-    `setting` fixes p and where ghosts return, and turns the last three rules off: that is what the
-    miniatures run.
+    `setting` fixes p and where ghosts return, and turns the last three rules off (the miniatures
+    run those settings, in `SightingMiniature`).
+
+    Blocks are kept by host block id: a dict from hash to id, T1 and T2 as `BlockLists`, and per
+    id its hash, list and clock tick. Stored blocks are ranked as they are stored, so every call
+    costs O(1) per block it names or evicts, plus one heap over the reuse classes per eviction.
     """
 
     def __init__(
@@ -72,14 +82,25 @@ class SightingARCPolicy(ARCPolicy):
     ) -> None:
         super().__init__(capacity, ref_counts)
         self.setting = setting
-        self.last_used: dict[BlockHash, int] = {}  # a clock tick per resident block
-        self._just_stored: dict[BlockHash, None] = {}  # in store order
-        self._touched_length = 0  # blocks in the last touched chain
+        self._lists = BlockLists(capacity, 2)
+        self._t1_end, self._t2_end = self._lists.sentinel(0), self._lists.sentinel(1)
+        self._where: dict[BlockHash, int] = {}  # resident hash -> block id
+        self.get = self._where.get  # the manager's hottest call, kept at C speed
+        self._hash_of: list[BlockHash] = [None] * capacity
+        self._tick = [0] * capacity  # when each block was last ranked or touched
+        self._home = [self._t1_end] * capacity  # the sentinel of the list each block is in
+        self.b1 = GhostList(SIGHTING_MEMORY * capacity)
+        self.b2 = GhostList(capacity)
         self._start()
 
+    def get(self, block_hash: BlockHash) -> int | None:
+        return self._where.get(block_hash)
+
     def _start(self) -> None:
-        """Fresh clock, setting, and (when self-tuned) miniatures and chain-end watch."""
-        self._clock = count()
+        """Fresh clock, lists, setting, and (when self-tuned) miniatures and chain-end watch."""
+        self._clock = 0  # the next tick
+        self._t1_size = self._t2_size = 0
+        self._touched_length = 0  # blocks in the last touched chain
         if self.setting is not None:
             self._follow(self.setting)
             self._tuner = self.chain_ends = self.reuse = None
@@ -87,137 +108,219 @@ class SightingARCPolicy(ARCPolicy):
         self._follow(SETTINGS[UNDECIDED])
         sampling = sampling_for(self.capacity)
         size = max(1, self.capacity // sampling)
-        candidates = [SightingARCPolicy(size, [0] * size, setting) for setting in SETTINGS]
-        self._tuner = MiniatureTuner(candidates, sampling, default=LRU, undecided=UNDECIDED)
+        miniatures = [
+            SightingMiniature(size, setting.bound, setting.returns_to_t2, SIGHTING_MEMORY)
+            for setting in SETTINGS
+        ]
+        self._tuner = MiniatureTuner(miniatures, sampling, default=LRU, undecided=UNDECIDED)
         self.chain_ends = ChainEndWatch(max(1, self.capacity // WATCHED))
-        self.reuse = ReuseClasses(self.capacity, (SIGHTING_MEMORY + 1) * self.capacity)
+        self.reuse = ReuseClasses(self.capacity, (SIGHTING_MEMORY + 1) * self.capacity, self._tick)
 
     def _follow(self, setting: Setting) -> None:
         self.p = setting.bound * self.capacity
         self.returns_to_t2 = setting.returns_to_t2
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
-        for block_hash, block_id in zip(block_hashes, block_ids):
-            seen_before = block_hash in self.b1 or block_hash in self.b2
-            self.b1.pop(block_hash, None)
-            self.b2.pop(block_hash, None)
-            (self.t2 if seen_before and self.returns_to_t2 else self.t1)[block_hash] = block_id
-            self._just_stored[block_hash] = None
-
-    def _rank_just_stored(self) -> None:
-        """Reorder the blocks stored since the last call (still the newest of their lists) so that
-        the first of them ends the most recent, as a touch would; a chain end that rarely comes
-        back goes to the old end instead. Blocks seen once join their reuse class, taken from the
-        last touched chain, whose tail they are."""
-        just_stored = self._just_stored
-        if not just_stored:
-            return
-        reuse, t1 = self.reuse, self.t1
-        tail = len(just_stored)
-        prefix = self._touched_length - tail
-        for position, block_hash in zip(range(tail - 1, -1, -1), reversed(just_stored)):
-            if block_hash in t1:
-                t1.move_to_end(block_hash)
-                if reuse is not None:
-                    reuse.add(block_hash, block_class(prefix, tail, position))
-            else:
-                self.t2.move_to_end(block_hash)
-            self.last_used[block_hash] = next(self._clock)
-        newest = reversed(just_stored)
-        end, sibling = next(newest), next(newest, None)
-        just_stored.clear()
+        # The blocks of one store are ranked like a touched chain as they go in: the first the
+        # newest, the last the oldest (a hit on any of them needs the ones before it).
+        count = len(block_hashes)
+        clock = self._clock
+        self._clock = clock + count
+        reuse = self.reuse
+        class_base = 0 if reuse is None else group_class(self._touched_length - count, count)
+        newer, older = self._lists.newer, self._lists.older
+        where, hash_of, tick, home = self._where, self._hash_of, self._tick, self._home
+        b1, b2, t1_end, t2_end = self.b1, self.b2, self._t1_end, self._t2_end
+        in_b1, in_b2 = b1.members, b2.members
+        to_t2 = t2_end if self.returns_to_t2 else t1_end
+        once_ids, once_hashes, once_classes = [], [], []
+        bucketed = len(POSITION_BUCKETS)
+        position = count  # counts down: the last stored goes first, with the lowest tick
+        for block_hash, block_id in zip(reversed(block_hashes), reversed(block_ids)):
+            position -= 1
+            end = t1_end
+            if block_hash in in_b1:
+                b1.remove(block_hash)
+                end = to_t2
+            elif block_hash in in_b2:
+                b2.remove(block_hash)
+                end = to_t2
+            if end == t1_end:
+                once_ids.append(block_id)
+                once_hashes.append(block_hash)
+                once_classes.append(
+                    class_base
+                    + (POSITION_BUCKETS[position] if position < bucketed else BUCKETS - 1)
+                )
+            newest = older[end]
+            newer[newest] = block_id
+            older[block_id] = newest
+            newer[block_id] = end
+            older[end] = block_id
+            hash_of[block_id] = block_hash
+            tick[block_id] = clock
+            clock += 1
+            home[block_id] = end
+        where.update(zip(block_hashes, block_ids))
+        self._t1_size += len(once_ids)
+        self._t2_size += count - len(once_ids)
+        if reuse is not None:
+            reuse.add_all(once_ids, once_hashes, once_classes)
         chain_ends = self.chain_ends
-        if chain_ends is not None and end == chain_ends.last_touched:
-            chain_ends.watch(end, sibling)
+        if chain_ends is not None and count and block_hashes[-1] == chain_ends.last_touched:
+            chain_ends.watch(block_hashes[-1], block_hashes[-2] if count > 1 else None)
             if chain_ends.demote:
-                if end in t1:
-                    t1.move_to_end(end, last=False)
-                    reuse.demote(end)
-                else:
-                    self.t2.move_to_end(end, last=False)
-                self.last_used[end] = -1
+                self._demote(block_ids[-1])
+
+    def _demote(self, block_id: int) -> None:
+        """A block goes to the old end of its list (and of its class), older than any other."""
+        end = self._home[block_id]
+        self._lists.unlink(block_id)
+        self._lists.push_oldest(block_id, end)
+        if end == self._t1_end:
+            self.reuse.demote(block_id)
+        self._tick[block_id] = DEMOTED
 
     def remove(self, block_hash: BlockHash) -> None:
-        super().remove(block_hash)
-        self.last_used.pop(block_hash, None)
-        self._just_stored.pop(block_hash, None)
-        if self.reuse is not None:
-            self.reuse.leave(block_hash)
+        block_id = self._where.pop(block_hash)
+        end = self._home[block_id]
+        self._lists.unlink(block_id)
+        if end == self._t1_end:
+            self._t1_size -= 1
+            if self.reuse is not None:
+                self.reuse.leave_all((block_id,))
+        else:
+            self._t2_size -= 1
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        self._rank_just_stored()
         self._touched_length = len(block_hashes)
         reuse = self.reuse
         if self._tuner is not None:
             self._follow(SETTINGS[self._tuner.observe(block_hashes)])
             self.chain_ends.seen(block_hashes)
             reuse.seen(block_hashes)
-        super().touch(block_hashes)  # ARC's promotion; its ghost hits leave p alone (below)
-        t1, t2, last_used = self.t1, self.t2, self.last_used
-        now = next(self._clock)
-        for block_hash in block_hashes:
-            if block_hash in t2:
-                last_used[block_hash] = now
-                if reuse is not None:
-                    reuse.leave(block_hash)  # promoted from T1, if it was there
-            elif block_hash in t1:
-                last_used[block_hash] = now
-
-    def _adapt_to_ghost(self, in_b1: bool) -> None:
-        """p comes from the setting (or the miniatures), not from ghost hits."""
+        now = self._clock
+        self._clock = now + 1
+        get, tick, home, ready = self._where.get, self._tick, self._home, self.ref_counts
+        newer, older = self._lists.newer, self._lists.older
+        b1, b2, t1_end, t2_end = self.b1, self.b2, self._t1_end, self._t2_end
+        in_b1, in_b2 = b1.members, b2.members
+        promoted = []
+        # As ARC does, from the last hash to the first, so that the first ends the most recent.
+        for block_hash in reversed(block_hashes):
+            block_id = get(block_hash)
+            if block_id is None:
+                if block_hash in in_b1:
+                    b1.refresh(block_hash)
+                elif block_hash in in_b2:
+                    b2.refresh(block_hash)
+                continue
+            tick[block_id] = now
+            before, after = older[block_id], newer[block_id]
+            newer[before] = after
+            older[after] = before
+            end = home[block_id]
+            # Seen again: T1 -> T2, unless its store is still in flight (not really seen twice).
+            if end == t1_end:
+                if ready[block_id] >= 0:
+                    end = home[block_id] = t2_end
+                    promoted.append(block_id)
+                elif reuse is not None:
+                    reuse.renew(block_id)
+            newest = older[end]
+            newer[newest] = block_id
+            older[block_id] = newest
+            newer[block_id] = end
+            older[end] = block_id
+        self._t1_size -= len(promoted)
+        self._t2_size += len(promoted)
+        if reuse is not None:
+            reuse.leave_all(promoted)
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # One victim at a time, as if the earlier ones were gone: while T1 is over p, T1's victim
         # (by reuse class when self-tuned, else its least recent); otherwise the least recent of
         # the two lists.
-        self._rank_just_stored()
-        t1, ref_counts, last_used, reuse = self.t1, self.ref_counts, self.last_used, self.reuse
-        taken: set[BlockHash] = set()
-
-        def evictable(block_hash: BlockHash) -> bool:
-            return (
-                block_hash not in taken
-                and block_hash not in protected
-                and ref_counts[t1[block_hash]] == 0
-            )
-
-        oldest_t1 = idle_entries(t1.items(), ref_counts, protected)
-        from_t2 = idle_entries(self.t2.items(), ref_counts, protected)
-        head_t1, head_t2 = next(oldest_t1, None), next(from_t2, None)
-        remaining_t1 = len(t1)
-        by_class = None if reuse is None else reuse.victims(next(self._clock), last_used, evictable)
-        chosen_t1: list[tuple[BlockHash, int]] = []
-        chosen_t2: list[tuple[BlockHash, int]] = []
-        for _ in range(n):
-            while head_t1 is not None and head_t1[0] in taken:
-                head_t1 = next(oldest_t1, None)
-            over_bound = remaining_t1 > self.p
-            candidate = head_t1
-            if over_bound and by_class is not None and head_t1 is not None:
-                block_hash = next(by_class)  # T1 is all queued: one is left while head_t1 is
-                candidate = (block_hash, t1[block_hash])
-            if head_t2 is None or (
-                candidate is not None
-                and (over_bound or last_used[candidate[0]] <= last_used[head_t2[0]])
+        ticks, pinned, hash_of, reuse = self._tick, self.ref_counts, self._hash_of, self.reuse
+        newer, older = self._lists.newer, self._lists.older
+        t1_end, t2_end = self._t1_end, self._t2_end
+        t1_left, p = self._t1_size, self.p
+        over_bound = 0  # the first rounds, while what is left of T1 is over p, all take from T1
+        while over_bound < n and t1_left - over_bound > p:
+            over_bound += 1
+        chosen_t1: list[int] = []
+        if reuse is not None:
+            now = self._clock
+            self._clock = now + 1
+            if over_bound:
+                chosen_t1 = reuse.take_victims(over_bound, now, pinned, hash_of, protected)
+        by_class = len(chosen_t1)
+        walked = n - by_class
+        taken = set(chosen_t1) if walked else ()  # the walk from T1's old end skips these
+        chosen_t2: list[int] = []
+        # Walk each list from its old end, past blocks that may not leave (ref count not 0,
+        # named in the call, or taken by class).
+        head_t1, head_t2 = newer[t1_end], newer[t2_end]
+        for _ in range(walked):
+            while head_t1 != t1_end and (
+                pinned[head_t1] or head_t1 in taken or hash_of[head_t1] in protected
             ):
-                chosen_t1.append(candidate)
-                taken.add(candidate[0])
-                remaining_t1 -= 1
+                head_t1 = newer[head_t1]
+            while head_t2 != t2_end and (pinned[head_t2] or hash_of[head_t2] in protected):
+                head_t2 = newer[head_t2]
+            if head_t1 != t1_end and (
+                head_t2 == t2_end
+                or t1_left - len(chosen_t1) > p
+                or ticks[head_t1] <= ticks[head_t2]
+            ):
+                chosen_t1.append(head_t1)
+                head_t1 = newer[head_t1]
             else:
                 chosen_t2.append(head_t2)
-                head_t2 = next(from_t2, None)
-        # Lists change only now: the generators above walk them.
-        for block_hash, _ in chosen_t1 + chosen_t2:
-            del last_used[block_hash]
-        if reuse is not None:
-            for block_hash, _ in chosen_t1:
-                reuse.leave(block_hash)
-        retire_to_ghosts(chosen_t1, t1, self.b1, SIGHTING_MEMORY * self.capacity)
-        retire_to_ghosts(chosen_t2, self.t2, self.b2, self.capacity)
-        return chosen_t1 + chosen_t2
+                head_t2 = newer[head_t2]
+        # Lists change only now: the walks above read them.
+        where = self._where
+        victims = [(hash_of[block_id], block_id) for block_id in chosen_t1 + chosen_t2]
+        for block_hash, block_id in victims:
+            before, after = older[block_id], newer[block_id]
+            newer[before] = after
+            older[after] = before
+            del where[block_hash]
+        if chosen_t1:
+            self.b1.add_all([block_hash for block_hash, _ in victims[: len(chosen_t1)]])
+            if reuse is not None and len(chosen_t1) > by_class:
+                reuse.leave_all(chosen_t1[by_class:])  # those taken by class have left already
+        if chosen_t2:
+            self.b2.add_all([block_hash for block_hash, _ in victims[len(chosen_t1) :]])
+        self._t1_size -= len(chosen_t1)
+        self._t2_size -= len(chosen_t2)
+        return victims
 
     def clear(self) -> None:
-        super().clear()
-        self.last_used.clear()
-        self._just_stored.clear()
+        self._where.clear()
+        self._lists.clear()
+        self.b1.clear()
+        self.b2.clear()
         self._start()
+
+    def __len__(self) -> int:
+        return self._t1_size + self._t2_size
+
+    @property
+    def t1(self) -> list[BlockHash]:
+        """T1's hashes, least recent first (O(|T1|): for inspection)."""
+        return [self._hash_of[block_id] for block_id in self._lists.oldest_first(self._t1_end)]
+
+    @property
+    def t2(self) -> list[BlockHash]:
+        """T2's hashes, least recent first (O(|T2|): for inspection)."""
+        return [self._hash_of[block_id] for block_id in self._lists.oldest_first(self._t2_end)]
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "p": self.p,
+            "t1": self._t1_size,
+            "t2": self._t2_size,
+            "b1": len(self.b1),
+            "b2": len(self.b2),
+        }

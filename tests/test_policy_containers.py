@@ -1,0 +1,96 @@
+"""The policies' containers against plain lists: ghost lists and lists threaded through block ids."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numbakv.policies.block_lists import BlockLists
+from numbakv.policies.ghosts import GhostList
+
+HASHES = st.integers(0, 15)
+GHOST_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.lists(HASHES, max_size=4)),
+        st.tuples(st.just("refresh"), HASHES),
+        st.tuples(st.just("remove"), HASHES),
+    ),
+    max_size=80,
+)
+
+
+@given(limit=st.integers(1, 6), steps=GHOST_STEPS)
+def test_a_ghost_list_is_a_bounded_fifo(limit: int, steps) -> None:
+    """Against an OrderedDict trimmed to the limit after every step: same members, same order,
+    however many stale places refreshes and removals leave behind."""
+    ghosts, model = GhostList(limit), OrderedDict()
+    for action, argument in steps:
+        if action == "add":
+            fresh = [h for h in dict.fromkeys(argument) if h not in model]
+            ghosts.add_all(fresh)
+            for block_hash in fresh:
+                model[block_hash] = None
+                while len(model) > limit:
+                    model.popitem(last=False)
+        elif argument in model:
+            if action == "refresh":
+                ghosts.refresh(argument)
+                model.move_to_end(argument)
+            else:
+                ghosts.remove(argument)
+                del model[argument]
+        assert list(ghosts) == list(model)
+        assert len(ghosts) == len(model)
+        assert all((h in ghosts) == (h in model) for h in range(16))
+        assert len(ghosts._order) <= len(model) + limit  # stale places stay bounded
+
+
+def test_a_ghost_list_that_never_fills_is_compacted() -> None:
+    ghosts = GhostList(limit=100)
+    ghosts.add_all(list(range(10)))
+    for _ in range(1000):
+        ghosts.refresh(3)
+    assert list(ghosts) == [0, 1, 2, 4, 5, 6, 7, 8, 9, 3]
+    assert len(ghosts._order) <= 10 + 100
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["newest", "oldest", "after", "unlink"]),
+            st.integers(0, 7),
+            st.integers(0, 2),
+            st.integers(0, 7),
+        ),
+        max_size=60,
+    )
+)
+def test_block_lists_move_blocks_as_plain_lists_do(steps) -> None:
+    lists, model = BlockLists(blocks=8, lists=3), [[], [], []]
+
+    def home(block: int) -> list | None:
+        return next((blocks for blocks in model if block in blocks), None)
+
+    for action, block, index, anchor in steps:
+        if action == "unlink":
+            if home(block) is not None:
+                lists.unlink(block)
+                home(block).remove(block)
+        elif home(block) is not None:
+            pass  # a block is in one list at a time
+        elif action == "newest":
+            lists.push_newest(block, lists.sentinel(index))
+            model[index].append(block)
+        elif action == "oldest":
+            lists.push_oldest(block, lists.sentinel(index))
+            model[index].insert(0, block)
+        elif home(anchor) is not None:
+            lists.link_newer(block, anchor)
+            blocks = home(anchor)
+            blocks.insert(blocks.index(anchor) + 1, block)
+        for number, blocks in enumerate(model):
+            assert list(lists.oldest_first(lists.sentinel(number))) == blocks
+    lists.clear()
+    assert all(list(lists.oldest_first(lists.sentinel(i))) == [] for i in range(3))
