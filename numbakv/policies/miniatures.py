@@ -20,7 +20,6 @@ FORGET = 4000
 # The leader gives way only to a challenger ahead of it by more than CONFIDENCE standard deviations
 # of their per-request hit differences: close settings otherwise swap the lead on noise.
 CONFIDENCE = 1.0
-_NONE = object()  # no evictable block left in a list (any hash, None included, may be a key)
 
 
 class Replaying(Protocol):
