@@ -194,16 +194,37 @@ def test_a_failed_store_is_reported_and_its_chunks_are_not_loadable_until_stored
         np.testing.assert_array_equal(tensors[t][8:12], before[t][3:7])
 
 
+def test_a_job_of_two_groups_is_one_job_to_the_metrics():
+    done = []
+    transfers = _transfers(
+        _tensors(np.random.default_rng(6)),
+        GROUPINGS["two groups, two pools"],
+        1,
+        on_job_done=lambda *job: done.append(job),
+    )
+    transfers.submit(1, "store", np.array([0, 1, 2]), [2, 1], [0, 0], np.array([3, 4, 5]))
+    transfers.drain()
+    block_bytes = [layout.block_bytes for layout in transfers.layouts]
+    assert [job[:3] for job in done] == [(1, "store", 2 * block_bytes[0] + block_bytes[1])]
+    assert done[0][4] is True
+
+
 def test_a_job_refused_half_way_waits_for_its_queued_part_and_reports_nothing():
+    done = []
     tensors = _tensors(np.random.default_rng(3))
-    transfers = _transfers(tensors, GROUPINGS["two groups, two pools"], 1)
+    transfers = _transfers(
+        tensors,
+        GROUPINGS["two groups, two pools"],
+        1,
+        on_job_done=lambda *job: done.append(job),
+    )
     # Group 0's part is queued; group 1's names a GPU block past the end and is refused.
     with pytest.raises(IndexError, match="gpu_block_ids"):
         transfers.submit(
             1, "store", np.array([0, NUM_GPU_BLOCKS]), [1, 1], [0, 0], np.array([2, 3])
         )
     assert transfers.jobs_in_flight == 0
-    assert transfers.finished() == []
+    assert transfers.finished() == [] and done == []
     with pytest.raises(ValueError, match="not stored completely"):  # group 0 wrote chunk 2
         transfers.submit(2, "load", np.array([0]), [1, 0], [0, 0], np.array([2]))
 
@@ -227,10 +248,18 @@ def test_every_job_waits_for_the_compute_stream():
     transfers = _transfers(
         _tensors(np.random.default_rng(5)), GROUPINGS["one group"], 1, compute_stream=compute_stream
     )
+    engine, waited_for = transfers.engines[0], []
+    submit = engine.submit
+
+    def recording_submit(*args):
+        waited_for.append(args[-1])
+        return submit(*args)
+
+    engine.submit = recording_submit
     transfers.submit(1, "store", np.array([0]), [1], [0], np.array([0]))
     transfers.submit(2, "load", np.array([1]), [1], [0], np.array([0]))
     transfers.drain()
-    assert len(streams) == 2
+    assert waited_for == streams and len(streams) == 2
     assert [job.success for job in transfers.finished()] == [True, True]
 
 

@@ -207,10 +207,10 @@ class ChunkTransfers:
         job.nbytes += nbytes
         job.seconds = max(job.seconds, seconds)
         job.success = job.success and ok
-        if self._on_job_done is not None:
-            self._on_job_done(job_id, direction, nbytes, seconds, ok)
         if not job.pending:
             self._done.append(job_id)
+            if self._on_job_done is not None:  # once per job, as the engines' callers expect
+                self._on_job_done(job_id, direction, job.nbytes, job.seconds, job.success)
 
     def finished(self) -> list[FinishedJob]:
         """Jobs whose every part finished since the last call; never blocks."""
