@@ -167,6 +167,11 @@ class CPUOffloadingManager:
             self._record_sightings(hashes[: hits + 1])
         return hits
 
+    def is_being_stored(self, block_hash: BlockHash) -> bool:
+        """Whether a store of this hash is prepared and not completed yet. Counts no lookup."""
+        block_id = self._policy.get(block_hash)
+        return block_id is not None and self._ref_counts[block_id] == NOT_READY
+
     def _record_sightings(self, examined: Sequence[BlockHash]) -> None:
         sightings = self._sightings
         for block_hash in examined:

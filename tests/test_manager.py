@@ -72,6 +72,16 @@ def test_store_then_lookup_counts_the_ready_prefix(manager):
     assert manager.lookup([]) == 0
 
 
+def test_a_hash_is_being_stored_from_prepare_to_complete(manager):
+    manager.prepare_store([1, 2])
+    assert manager.is_being_stored(1) and manager.is_being_stored(2)
+    assert not manager.is_being_stored(9)
+    manager.complete_store([1])
+    manager.complete_store([2], success=False)
+    assert not manager.is_being_stored(1) and not manager.is_being_stored(2)
+    assert manager.stats().lookups == 0
+
+
 def test_prepare_store_skips_cached_and_duplicate_hashes(manager):
     stored(manager, [1, 2])
     output = manager.prepare_store([1, 3, 3, 2, 4])

@@ -44,8 +44,6 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self.manager = manager
         self.metrics = metrics
         self._lookup = manager.lookup
-        # Keys handed out by prepare_store and not completed yet: their lookups are HIT_PENDING.
-        self._being_stored: set[OffloadKey] = set()
         self._generation = 0  # bumped by reset_cache: loads recorded before it are forgotten
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -54,7 +52,9 @@ class NumbaKVOffloadingManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self._lookup((key,)):
             return LookupResult.HIT
-        return LookupResult.HIT_PENDING if key in self._being_stored else LookupResult.MISS
+        if self.manager.is_being_stored(key):
+            return LookupResult.HIT_PENDING
+        return LookupResult.MISS
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         return CacheHitSource.HOST
@@ -79,7 +79,6 @@ class NumbaKVOffloadingManager(OffloadingManager):
         output = self.manager.prepare_store(keys)
         if output is None:
             return None
-        self._being_stored.update(output.block_hashes_to_store)
         return PrepareStoreOutput(
             keys_to_store=output.block_hashes_to_store,
             store_spec=HostChunksSpec(output.store_spec.block_ids),
@@ -91,7 +90,6 @@ class NumbaKVOffloadingManager(OffloadingManager):
     ) -> None:
         """Make the chunks loadable; on failure drop them, so nothing half-written is ever loaded."""
         self.manager.complete_store(keys, success=success)
-        self._being_stored.difference_update(keys)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         loaded = self._take_loaded(req_context)
@@ -112,7 +110,6 @@ class NumbaKVOffloadingManager(OffloadingManager):
 
     def reset_cache(self) -> None:
         self.manager.reset_cache()
-        self._being_stored.clear()
         self._generation += 1
 
     def shutdown(self) -> None:
