@@ -158,10 +158,15 @@ def test_reset_cache_forgets_everything_even_loads_recorded_before_it():
     context = ReqContext(req_id="a")
     manager.prepare_load(keys(1), context)
     manager.prepare_store(keys(2), context)
+    reader = ReqContext(req_id="reader")
+    manager.prepare_load(keys(1), reader)
     manager.reset_cache()
     assert manager.lookup(key(2), context) is LookupResult.MISS  # not HIT_PENDING any more
-    manager.on_request_finished(context)  # its load belongs to the old cache: nothing to touch
     assert manager.manager.stats().used == 0
+    stored(manager, 1)
+    stored(manager, 2)  # 1 is the least recent of the new cache
+    manager.on_request_finished(reader)  # its load belongs to the old cache: nothing to touch
+    assert manager.prepare_store(keys(3), ReqContext(req_id="w")).evicted_keys == keys(1)
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
