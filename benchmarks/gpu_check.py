@@ -38,7 +38,7 @@ LIMITS_S = {"tests": 240, "bandwidth": 130, "e2e": 60, "memcheck": 40, "racechec
 """Seconds each step may take: 510 together, under 9 minutes with the install and the probe."""
 
 TARGETS = [
-    # (name, measured by, bound, unit): "x >= bound" unless the name says "<="
+    # (name, unit, bound, sense): met when the measured value is >= or <= the bound, as sense says
     ("gather, chunks >= 4 KiB, best cap", "min % of d2h ceiling", 95, ">="),
     ("scatter, chunks >= 4 KiB, best cap", "min % of h2d ceiling", 95, ">="),
     ("gather, chunks >= 4 KiB, 16 thread blocks", "min % of d2h ceiling", 90, ">="),

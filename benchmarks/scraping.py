@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,46 +18,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import httpx
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.servers import free_port, sidecar  # the repository root is on the path now
+
 TIMEOUT_S = 2.0
 """A scrape not answered in this long fails (the image's health check allows the sidecar as long)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def running_sidecar(directory: str, **popen) -> Iterator[tuple[subprocess.Popen, int]]:
     """``python -m service`` (the ``numbakv-sidecar`` entry point, default settings) on a free
-    port, ready; stopped on exit."""
+    port of 127.0.0.1, ready; stopped on exit."""
     port = free_port()
-    args = [sys.executable, "-m", "service", "--port", str(port), "--metrics-dir", directory]
-    sidecar = subprocess.Popen(args, cwd=ROOT, **popen)
-    try:
-        deadline = time.monotonic() + 30
-        while not _answers(f"http://127.0.0.1:{port}/healthz"):
-            if time.monotonic() > deadline or sidecar.poll() is not None:
-                raise RuntimeError("the sidecar did not start")
-            time.sleep(0.1)
-        yield sidecar, port
-    finally:
-        sidecar.terminate()
-        try:
-            sidecar.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            sidecar.kill()
-            sidecar.wait()
-
-
-def _answers(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url, timeout=1).status_code == 200
-    return False
+    with sidecar(directory, port, **popen) as process:
+        yield process, port
 
 
 def cpu_seconds(pid: int) -> float:

@@ -157,9 +157,8 @@ def stray_files(directory: str, stop: threading.Event) -> int:
     were added. Kinds in turn: a counter file of a process that is not running, a FIFO, a name
     prometheus-client does not write, a truncated file."""
     made: list[str] = []
-    for n in itertools.count():
-        if stop.wait(0.2):
-            return n
+    n = 0
+    while not stop.wait(0.2):
         pid = STRAY_PIDS + n
         kind = n % 4
         path = os.path.join(
@@ -180,7 +179,8 @@ def stray_files(directory: str, stop: threading.Event) -> int:
         if len(made) > STRAY_FILES:
             with contextlib.suppress(FileNotFoundError):  # folded by a writer's compaction
                 os.unlink(made.pop(0))
-    return 0
+        n += 1
+    return n
 
 
 _COUNTERS = re.compile(

@@ -57,9 +57,3 @@ def replay_request(
         return hits, 0
     manager.complete_store(output.keys_to_store, context)
     return hits, len(output.keys_to_store)
-
-
-def replay_hits(chains: Sequence[Sequence[OffloadKey]], policy: str, capacity: int) -> int:
-    """Total hits of a whole replay through a fresh vLLM manager."""
-    manager = vllm_manager(policy, capacity)
-    return sum(replay_request(manager, keys)[0] for keys in chains)
