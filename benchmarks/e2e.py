@@ -33,6 +33,7 @@ def main() -> None:
     if args.smoke:
         os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
     from numba import cuda
+    from transfer_bandwidth import optional_torch
 
     from numbakv import CPUOffloadingManager
     from numbakv.datapath import HostPool, KVLayout, TransferEngine
@@ -41,7 +42,7 @@ def main() -> None:
     layers, block_size, heads, head = (2, 4, 1, 8) if args.smoke else (32, 16, 8, 128)
     gpu_blocks, host_blocks = (32, 64) if args.smoke else (2048, 2048)
     prefixes = [2, 8] if args.smoke else [16, 64, 256, 1024]
-    torch = None if args.smoke else _optional_torch()
+    torch = optional_torch()  # None on the simulator
     shape = (2, gpu_blocks, block_size, heads, head)
     if torch is not None:
         kv = [torch.randn(shape, dtype=torch.float16, device="cuda") for _ in range(layers)]
@@ -93,14 +94,6 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
-
-
-def _optional_torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
 def _prefill_seconds(torch, layers: int, heads: int, head: int, tokens: int) -> tuple[float, str]:
