@@ -131,7 +131,7 @@ BOTH = ("store", "load")
         ([2, 1], [0, 0], [0, 1], [0, 1, 2], BOTH, ValueError, "1 KV cache group"),
         ([2], [0], [0], [0, 1], BOTH, ValueError, "fill 2 host chunks, the job names 1"),
         ([2], [0], [0, 1, 2], [0, 1], BOTH, ValueError, "fill 2 host chunks, the job names 3"),
-        ([2], [0], [0, NUM_CHUNKS], [0, 1], BOTH, IndexError, "chunk ids must lie"),
+        ([2], [0], [0, NUM_CHUNKS], [0, 1], BOTH, IndexError, "chunk_ids must lie"),
         ([2], [0], [0, 1], [0, NUM_GPU_BLOCKS], BOTH, IndexError, "gpu_block_ids"),
         ([2], [0], [3, 3], [0, 1], ("store",), ValueError, "host_block_ids .* unique"),
         ([2], [0], [3, 4], [1, 1], ("load",), ValueError, "gpu_block_ids .* unique"),

@@ -216,15 +216,15 @@ class TransferEngine:
             raise ValueError(
                 f"job_id {job_id!r} is already in flight (or finished and not yet reported)"
             )
-        gpu_ids = _as_ids("gpu_block_ids", gpu_block_ids)
-        host_ids = _as_ids("host_block_ids", host_block_ids)
+        gpu_ids = as_ids("gpu_block_ids", gpu_block_ids)
+        host_ids = as_ids("host_block_ids", host_block_ids)
         count = len(gpu_ids)
         if count != len(host_ids):
             raise ValueError(
                 f"gpu_block_ids has {count} ids, host_block_ids has {len(host_ids)}: lengths must match"
             )
-        _check_range("gpu_block_ids", gpu_ids, self.layout.num_blocks)
-        _check_range("host_block_ids", host_ids, self.host_pool.num_blocks)
+        check_range("gpu_block_ids", gpu_ids, self.layout.num_blocks)
+        check_range("host_block_ids", host_ids, self.host_pool.num_blocks)
         dependency = self._dependency(wait_event)
         if lane.direction is Direction.STORE:
             self._check_unique("host_block_ids", host_ids, lane.destination_stamps)
@@ -388,7 +388,7 @@ def _check_same_device(layout: KVLayout, host_pool: HostPool) -> None:
         )
 
 
-def _as_ids(name: str, ids: Any) -> np.ndarray:
+def as_ids(name: str, ids: Any) -> np.ndarray:
     """`ids` as a 1-D int64 array: integer NumPy arrays as they are, lists converted once."""
     if not isinstance(ids, np.ndarray):
         if not isinstance(ids, (list, tuple)):
@@ -403,7 +403,8 @@ def _as_ids(name: str, ids: Any) -> np.ndarray:
     return ids.astype(np.int64, copy=False)
 
 
-def _check_range(name: str, ids: np.ndarray, limit: int) -> None:
+def check_range(name: str, ids: np.ndarray, limit: int) -> None:
+    """Every id in [0, `limit`), else an IndexError naming `name` and the first bad id."""
     # One pass: as unsigned, a negative id is larger than any limit.
     if len(ids) and ids.view(np.uint64).max() >= limit:
         bad = ids[(ids < 0) | (ids >= limit)][0]

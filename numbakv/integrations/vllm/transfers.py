@@ -29,6 +29,7 @@ from numbakv.datapath import (
     LayoutKind,
     TransferEngine,
 )
+from numbakv.datapath.transfer import as_ids, check_range
 
 GroupRefs = Sequence[tuple[int, int]]
 """One KV cache group's data: (index of a canonical tensor, bytes of each page it uses) per layer."""
@@ -133,7 +134,8 @@ class ChunkTransfers:
         direction = Direction(direction)
         if job_id in self._jobs:
             raise ValueError(f"job {job_id} is already in flight")
-        chunk_ids = _chunk_array(chunk_ids, self.num_chunks)
+        chunk_ids = as_ids("chunk_ids", chunk_ids)
+        check_range("chunk_ids", chunk_ids, self.num_chunks)
         if direction is Direction.LOAD and self._unloadable[chunk_ids].any():
             bad = chunk_ids[self._unloadable[chunk_ids]]
             raise ValueError(f"host chunks {bad.tolist()} were not stored completely: not loadable")
@@ -263,16 +265,6 @@ def _group_layout(group: int, refs: GroupRefs, block_arrays: Sequence[Any]) -> K
         return KVLayout.from_arrays(LayoutKind.MLA, views)
     except (TypeError, ValueError) as error:
         raise ValueError(f"KV cache group {group}: {error}") from None
-
-
-def _chunk_array(chunk_ids: Any, num_chunks: int) -> np.ndarray:
-    chunk_ids = np.asarray(chunk_ids)
-    if chunk_ids.ndim != 1 or (chunk_ids.size and chunk_ids.dtype.kind not in "iu"):
-        raise TypeError(f"chunk ids must be a 1-D integer array, got {chunk_ids!r}")
-    chunk_ids = chunk_ids.astype(np.int64, copy=False)
-    if chunk_ids.size and (chunk_ids.min() < 0 or chunk_ids.max() >= num_chunks):
-        raise IndexError(f"chunk ids must lie in [0, {num_chunks}), got {chunk_ids.tolist()}")
-    return chunk_ids
 
 
 def torch_block_arrays(
