@@ -66,7 +66,7 @@ class Sidecar:
         starting = DirectoryState(
             settings.metrics_dir, exists=None, error="starting: the first read has not finished"
         )
-        self.snapshot = Snapshot(Reading((), b"", b"# EOF\n", starting), Totals(at=now), now)
+        self.snapshot = Snapshot(Reading.of([], starting), Totals(at=now), now)
         self.refresh_error: str | None = None
         self._lock = threading.Lock()
         self._rendered: tuple[Snapshot, dict[str, bytes]] = (self.snapshot, {})

@@ -71,6 +71,18 @@ class Reading:
     """OpenMetrics 1.0.0."""
     state: DirectoryState
 
+    @classmethod
+    def of(
+        cls, families: list[tuple[Metric, tuple[bytes, bytes]]], state: DirectoryState
+    ) -> Reading:
+        """Families, each with its text and OpenMetrics renderings, as one reading."""
+        return cls(
+            metrics=tuple(metric for metric, _ in families),
+            text=b"".join(text for _, (text, _) in families),
+            openmetrics=b"".join(om for _, (_, om) in families) + _EOF,
+            state=state,
+        )
+
 
 class MetricsDirectory:
     """Reads a prometheus-client multiprocess directory as the engines' processes left it."""
@@ -84,21 +96,21 @@ class MetricsDirectory:
         try:
             dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
-            return _reading([], DirectoryState(self.path, exists=False))
+            return Reading.of([], DirectoryState(self.path, exists=False))
         except OSError as exc:
             error = f"cannot open the metrics directory: {exc.strerror}"
-            return _reading([], DirectoryState(self.path, exists=True, error=error))
+            return Reading.of([], DirectoryState(self.path, exists=True, error=error))
         try:
             files, skipped, dead = self._read_files(dir_fd)
         except OSError as exc:
             error = f"cannot list the metrics directory: {exc.strerror}"
-            return _reading([], DirectoryState(self.path, exists=True, error=error))
+            return Reading.of([], DirectoryState(self.path, exists=True, error=error))
         finally:
             os.close(dir_fd)
         families, unmerged = merge(files, accumulate=True, render=_render)
         skipped.update(unmerged)
         state = DirectoryState(self.path, True, len(files) - len(unmerged), skipped, dead)
-        return _reading(families, state)
+        return Reading.of(families, state)
 
     def _read_files(self, dir_fd: int) -> tuple[list[FileData], dict[str, str], int]:
         """The files' data, the files skipped, and how many writers are dead."""
@@ -138,12 +150,3 @@ def _render(metric: Metric) -> tuple[bytes, bytes]:
     """The family in both formats: a family that cannot be rendered is found while reading."""
     family = _Family(metric)
     return generate_latest(family), openmetrics.generate_latest(family).removesuffix(_EOF)
-
-
-def _reading(families: list[tuple[Metric, tuple[bytes, bytes]]], state: DirectoryState) -> Reading:
-    return Reading(
-        metrics=tuple(metric for metric, _ in families),
-        text=b"".join(text for _, (text, _) in families),
-        openmetrics=b"".join(om for _, (_, om) in families) + _EOF,
-        state=state,
-    )
