@@ -29,8 +29,24 @@ FIRST, OTHER = block_class(0, 1, 0), block_class(4, 8, 5)
 NOTHING = frozenset()
 
 
-def classes_of(capacity: int, memory: int, ticks=None) -> ReuseClasses:
-    return ReuseClasses(capacity, memory, [0] * capacity if ticks is None else ticks)
+def classes_of(capacity: int, memory: int, ticks=None, rerank_every: int = 0) -> ReuseClasses:
+    """Ranked afresh at every eviction unless `rerank_every` says otherwise."""
+    ticks = [0] * capacity if ticks is None else ticks
+    return ReuseClasses(capacity, memory, ticks, rerank_every)
+
+
+def merged_by_weighted_age(classes: ReuseClasses, ticks, at: int, stuck=frozenset()) -> list[int]:
+    """The slow reference: every queued block not `stuck` once, each class in queue order, the
+    next always the first of the class of largest age at tick `at` / rate (ties to the smaller
+    class)."""
+    slowness = classes.slowness()
+    queues = {c: [b for b in classes.queue(c) if b not in stuck] for c in classes.queued}
+    merged = []
+    while any(queues.values()):
+        heads = [(c, queue[0]) for c, queue in queues.items() if queue]
+        kind, _ = min(heads, key=lambda item: ((ticks[item[1]] - at) * slowness(item[0]), item[0]))
+        merged.append(queues[kind].pop(0))
+    return merged
 
 
 def add(classes: ReuseClasses, blocks, block_class: int) -> None:
@@ -164,16 +180,72 @@ def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demot
     for block in sorted(demoted & set(range(len(blocks)))):
         classes.demote(block)
         ticks[block] = -1
-    now, slowness = clock + 1, classes.slowness()
+    now = clock + 1
     pinned = [int(block in stuck) for block in range(30)]
-    queues = {c: [b for b in classes.queue(c) if b not in stuck] for c in classes.queued}
-    expected = []
-    while any(queues.values()):
-        heads = [(c, queue[0]) for c, queue in queues.items() if queue]
-        kind, _ = min(heads, key=lambda item: ((ticks[item[1]] - now) * slowness(item[0]), item[0]))
-        expected.append(queues[kind].pop(0))
+    expected = merged_by_weighted_age(classes, ticks, now, stuck)
     taken = classes.take_victims(len(blocks), now, pinned, list(range(30)), NOTHING)
     assert taken == expected
+
+
+@given(
+    blocks=st.lists(
+        st.tuples(st.sampled_from([FIRST, OTHER, block_class(1, 1, 0)]), st.integers(0, 5)),
+        min_size=1,
+        max_size=30,
+    ),
+    first=st.integers(0, 30),
+    stuck_first=st.sets(st.integers(0, 29)),
+    changes=st.lists(st.tuples(st.sampled_from(["leave", "demote", "renew"]), st.integers(0, 29))),
+    stuck=st.sets(st.integers(0, 29)),
+)
+def test_a_ranking_serves_until_the_next_as_if_made_afresh(
+    blocks, first, stuck_first, changes, stuck
+) -> None:
+    """Between rankings, blocks that leave, are demoted, renewed or were skipped as stuck by an
+    earlier eviction leave the ranking's entries stale: evictions still merge exactly by age at
+    the ranking's tick (rates are those of the ranking: nothing here moves them)."""
+    ticks = [0] * 30
+    classes = classes_of(capacity=30, memory=1000, ticks=ticks, rerank_every=1000)
+    clock = 0
+    for block, (kind, gap) in enumerate(blocks):
+        clock += gap
+        ticks[block] = clock
+        classes.add_all([block], [block], [kind])
+    classes.seen(list(range(0, len(blocks), 3)))
+    at = clock + 1000
+    expected = merged_by_weighted_age(classes, ticks, at, stuck_first)[:first]
+    pinned = [int(block in stuck_first) for block in range(30)]
+    assert classes.take_victims(first, clock, pinned, list(range(30)), NOTHING) == expected
+    for change, block in changes:
+        if classes._class_of[block] < 0:
+            continue
+        if change == "leave":
+            classes.leave_all([block])
+        elif change == "demote":
+            classes.demote(block)
+            ticks[block] = -1
+        else:
+            clock += 1
+            ticks[block] = clock
+            classes.renew(block)
+    expected = merged_by_weighted_age(classes, ticks, at, stuck)
+    pinned = [int(block in stuck) for block in range(30)]
+    assert classes.take_victims(30, clock + 1, pinned, list(range(30)), NOTHING) == expected
+
+
+def test_a_ranking_is_renewed_once_its_tick_is_reached() -> None:
+    """Keys are ages at the tick the next ranking is due: a later eviction ranks afresh."""
+    ticks = [0] * 400
+    ticks[198], ticks[199], ticks[200], ticks[201] = 0, 10, 50, 60
+    classes = classes_of(capacity=400, memory=1000, ticks=ticks, rerank_every=40)
+    add(classes, range(200), FIRST)
+    add(classes, range(200, 400), OTHER)
+    classes.seen(list(range(200)))
+    classes.leave_all([*range(198), *range(202, 400)])
+    assert classes.take_victims(1, 100, [0] * 400, list(range(400)), NOTHING) == [200]
+    assert classes._ranked_at == 140
+    classes.take_victims(1, 140, [0] * 400, list(range(400)), NOTHING)
+    assert classes._ranked_at == 180
 
 
 def test_sarc_evicts_the_class_that_does_not_come_back_before_an_older_block() -> None:

@@ -6,7 +6,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
-from heapq import heapify, heappop, heapreplace
+from heapq import heapify, heappop, heappush, heapreplace
 
 from numbakv.policies.block_lists import BlockLists
 from numbakv.specs import BlockHash
@@ -20,6 +20,7 @@ BUCKETS = len(PREFIX_EDGES) + 1  # the same for the three
 CLASSES = BUCKETS**3
 PRIOR = 100  # every class starts as this many blocks re-used at the mean rate
 HALVE_AFTER = 8  # counts halve once this many capacities of blocks have been classed
+RERANK = 16  # the classes are ranked afresh every capacity / RERANK ticks
 
 
 def block_class(prefix: int, tail: int, position: int) -> int:
@@ -53,16 +54,34 @@ class ReuseClasses:
 
     Queued blocks are host block ids, linked per class through `BlockLists`; the remembered
     classes are kept by hash, since a block is often named again after it was evicted.
+
+    Rates move with every block stored or seen again, and ages with the clock, so an exact
+    ranking would be rebuilt for every eviction. Instead the classes are ranked every
+    `rerank_every` ticks (default capacity / `RERANK`): a heap with one entry per class, keyed by
+    its oldest block's weighted age at the tick the next ranking is due, with the rates of the
+    ranking. Between rankings an entry is brought up to date when it reaches the top; 0 ranks at
+    every eviction, at its own tick: exact.
     """
 
-    def __init__(self, capacity: int, memory: int, ticks: Sequence[float]) -> None:
+    def __init__(
+        self, capacity: int, memory: int, ticks: Sequence[float], rerank_every: int | None = None
+    ) -> None:
         self.capacity = capacity
         self.memory = memory
+        self.rerank_every = capacity // RERANK if rerank_every is None else rerank_every
         self._ticks = ticks  # the policy's clock tick per block id, which ages are taken from
         self._queues = BlockLists(capacity, CLASSES)
         self._class_of = [-1] * capacity  # queued block -> its class, -1 when not queued
         self._sizes = [0] * CLASSES  # queued blocks per class
         self._heads: dict[int, int] = {}  # class -> its oldest block, for the classes with any
+        # The ranking: heap entries (weighted age at tick `_ranked_at`, class, head, weight); a
+        # class's current entry is `_entries[class]`, others are left over and skipped. Classes
+        # whose key may have dropped below their entry's (a new or demoted head, a head skipped
+        # by an eviction) get a new entry at the next eviction.
+        self._heap: list[tuple[float, int, int, float]] = []
+        self._entries: dict[int, tuple[float, int, int, float]] = {}
+        self._rekey: set[int] = set()
+        self._ranked_at = -1  # no ranking yet
         # Stored, not yet seen again, oldest first (a dict would rescan its deleted front entries).
         self._remembered: OrderedDict[BlockHash, int] = OrderedDict()
         self._stored = [0.0] * CLASSES
@@ -93,6 +112,7 @@ class ReuseClasses:
             older[end] = block_id
             if not sizes[block_class]:
                 heads[block_class] = block_id
+                self._rekey.add(block_class)
             sizes[block_class] += 1
             remembered[block_hash] = block_class
             stored[block_class] += 1
@@ -124,6 +144,7 @@ class ReuseClasses:
         self._queues.unlink(block_id)
         self._queues.push_oldest(block_id, self.capacity + block_class)
         self._heads[block_class] = block_id
+        self._rekey.add(block_class)
 
     def leave_all(self, block_ids: Iterable[int]) -> None:
         """Blocks no longer seen once (hit, evicted, or removed); others are ignored."""
@@ -177,47 +198,80 @@ class ReuseClasses:
         protected: AbstractSet[BlockHash],
     ) -> list[int]:
         """Dequeue and return up to `count` blocks that may be evicted (`pinned` 0, hash not
-        `protected`): one at a time, the first such block of the class of largest age / rate
-        at time `now` (ties to the smaller class).
+        `protected`): one at a time, the first such block of the class of largest weighted age
+        (ties to the smaller class), ranked as of tick `now` or the ranking's.
 
-        Rates move with every block stored or seen again, and ages with the clock, so the heap
-        is built afresh: one entry per class, keyed by its oldest block. Each class is in tick
-        order, so a class whose oldest blocks may not leave sorts later once they are skipped,
-        and the merge is exact.
-        """
-        ticks, stored, reused = self._ticks, self._stored, self._reused
-        prior = PRIOR * (self._total_reused / self._total_stored) if self._total_reused else 0.0
-        if prior:  # slowness(), inlined; each entry keeps its class's weight
-            heap = [
-                ((ticks[head] - now) * (w := (stored[c] + PRIOR) / (reused[c] + prior)), c, head, w)
-                for c, head in self._heads.items()
-            ]
+        Each class is in tick order, and its key only grows as its head leaves, so a stale entry
+        is a lower bound: it reaches the top no later than it should, and is replaced there."""
+        if now >= self._ranked_at:
+            self._rank(now)
         else:
-            heap = [((ticks[head] - now) * 1.0, c, head, 1.0) for c, head in self._heads.items()]
-        heapify(heap)
-        newer, first = self._queues.newer, self.capacity
+            for block_class in self._rekey:
+                head = self._heads.get(block_class)
+                if head is not None:
+                    self._enter(block_class, head)
+        self._rekey.clear()
+        ticks, heap, entries, heads = self._ticks, self._heap, self._entries, self._heads
+        at, newer, first = self._ranked_at, self._queues.newer, self.capacity
+        walked: set[int] = set()  # classes whose entries this call keyed (taken blocks leave last)
         taken: list[int] = []
         while heap and count:
-            _, block_class, head, weight = heap[0]
+            entry = heap[0]
+            key, block_class, head, weight = entry
+            if entries.get(block_class) is not entry:  # superseded
+                heappop(heap)
+                continue
+            if block_class not in walked:
+                oldest = heads.get(block_class)
+                if oldest is None:
+                    heappop(heap)
+                    del entries[block_class]
+                    continue
+                if oldest != head or (ticks[oldest] - at) * weight != key:
+                    entry = ((ticks[oldest] - at) * weight, block_class, oldest, weight)
+                    entries[block_class] = entry
+                    heapreplace(heap, entry)
+                    continue
+                walked.add(block_class)
             end = first + block_class
             # The class keeps the lead, with no heap operation, while its next block sorts
-            # before the best of the other classes (the smaller of the heap's two children).
+            # before the best of the other entries (the smaller of the heap's two children).
             rival = min(heap[1:3]) if len(heap) > 1 else None
             while True:
-                if not (pinned[head] or hash_of[head] in protected):
+                if pinned[head] or hash_of[head] in protected:
+                    self._rekey.add(block_class)  # its entry moves past its oldest block
+                else:
                     taken.append(head)
                     count -= 1
                     if not count:
                         break
                 head = newer[head]
-                while head != end and (pinned[head] or hash_of[head] in protected):
-                    head = newer[head]
                 if head == end:
                     heappop(heap)
+                    del entries[block_class]
                     break
-                entry = ((ticks[head] - now) * weight, block_class, head, weight)
+                entry = ((ticks[head] - at) * weight, block_class, head, weight)
                 if rival is not None and rival < entry:
+                    entries[block_class] = entry
                     heapreplace(heap, entry)
                     break
         self.leave_all(taken)
         return taken
+
+    def _rank(self, now: int) -> None:
+        """A fresh heap of every class with blocks, keyed at the tick the next ranking is due."""
+        at = self._ranked_at = now + self.rerank_every
+        slowness, ticks = self.slowness(), self._ticks
+        self._heap = [
+            ((ticks[head] - at) * (weight := slowness(c)), c, head, weight)
+            for c, head in self._heads.items()
+        ]
+        heapify(self._heap)
+        self._entries = {entry[1]: entry for entry in self._heap}
+
+    def _enter(self, block_class: int, head: int) -> None:
+        """A new entry for a class, keyed by `head`, superseding any it had."""
+        weight = self.slowness()(block_class)
+        entry = ((self._ticks[head] - self._ranked_at) * weight, block_class, head, weight)
+        self._entries[block_class] = entry
+        heappush(self._heap, entry)
