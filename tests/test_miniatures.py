@@ -15,6 +15,7 @@ from numbakv import CPUOffloadingManager
 from numbakv.policies import LRUPolicy, SightingARCPolicy
 from numbakv.policies.miniatures import (
     FORGET,
+    LARGEST,
     SAMPLING,
     SMALLEST,
     Miniature,
@@ -75,10 +76,11 @@ def test_a_miniature_hits_what_the_manager_hits(seed: int, capacity: int) -> Non
     assert miniature.hits == manager.stats().hit_blocks > 0
 
 
-def test_sampling_keeps_miniatures_big_enough() -> None:
+def test_sampling_keeps_miniatures_big_enough_and_bounded() -> None:
     assert sampling_for(10) == 1
     assert sampling_for(SMALLEST * 4) == 4
-    assert sampling_for(10**6) == SAMPLING
+    assert sampling_for(LARGEST * SAMPLING) == SAMPLING
+    assert sampling_for(10**6) == 10**6 // LARGEST  # miniatures of LARGEST blocks
 
 
 CHAINS = st.lists(

@@ -17,6 +17,7 @@ from numbakv.policies.reuse_classes import (
     POSITION_EDGES,
     PREFIX_EDGES,
     PRIOR,
+    REMEMBERED,
     TAIL_EDGES,
     ReuseClasses,
     block_class,
@@ -97,6 +98,18 @@ def test_a_forgotten_block_coming_back_is_not_counted() -> None:
     classes.seen([0, 1])  # 0 (OTHER) is beyond the memory of 3 blocks
     assert classes._reused[OTHER] == 0
     assert classes._reused[FIRST] == 1
+
+
+def test_beyond_a_limit_a_sample_is_remembered_and_counts_for_all() -> None:
+    """A large cache remembers 1 in `sampling` hashes (by sample point: an int is its own), each
+    standing for `sampling` blocks, so the rates come out as if all were remembered."""
+    classes = classes_of(capacity=1000, memory=4 * REMEMBERED)
+    assert classes.sampling == 4
+    add(classes, range(1000), FIRST)
+    assert len(classes._remembered) == 250
+    assert classes._stored[FIRST] == 1000
+    classes.seen(list(range(500)))  # half come back: 125 of those remembered
+    assert classes._reused[FIRST] == 500
 
 
 def test_counts_halve_so_recent_traffic_counts_more() -> None:

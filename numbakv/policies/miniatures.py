@@ -14,7 +14,8 @@ from numbakv.policies.ghosts import GhostList
 from numbakv.specs import BlockHash
 
 SAMPLING = 16  # one hash in SAMPLING is simulated ...
-SMALLEST = 256  # ... unless that leaves a miniature below SMALLEST blocks
+SMALLEST = 256  # ... unless that leaves a miniature below SMALLEST blocks,
+LARGEST = 2_500  # ... or above LARGEST, their size at 40,000 blocks (memory stays bounded)
 # Scores are halved whenever the best passes FORGET hits, so recent traffic counts more.
 FORGET = 4000
 # The leader gives way only to a challenger ahead of it by more than CONFIDENCE standard deviations
@@ -32,7 +33,19 @@ class Replaying(Protocol):
 
 def sampling_for(capacity: int) -> int:
     """1 in how many hashes a miniature of a `capacity`-block cache sees."""
-    return max(1, min(SAMPLING, capacity // SMALLEST))
+    return max(1, min(SAMPLING, capacity // SMALLEST), capacity // LARGEST)
+
+
+def sample_point(block_hash: BlockHash) -> int:
+    """A number fixed per hash, to sample hashes by (`sample_point(h) % n == 0`: 1 in n).
+
+    Python salts the hash() of bytes and str per process (vLLM's keys are bytes): those are
+    sampled by CRC-32 instead, so that a deployment decides the same in every run."""
+    if type(block_hash) is bytes:
+        return crc32(block_hash)
+    if type(block_hash) is str:
+        return crc32(block_hash.encode())
+    return hash(block_hash)
 
 
 class Miniature:
@@ -222,9 +235,7 @@ class MiniatureTuner:
     def observe(self, chain: Sequence[BlockHash]) -> int:
         """Feed one request's chain; returns the index of the leading candidate."""
         sampling = self.sampling
-        # Python salts the hash() of bytes and str per process (vLLM's keys are bytes): those
-        # are sampled by CRC-32 instead, so that a deployment decides the same in every run.
-        sampled = [
+        sampled = [  # sample_point(block_hash) % sampling == 0, inlined: a call per hash costs 1%
             block_hash
             for block_hash in chain
             if (

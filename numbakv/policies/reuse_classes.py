@@ -9,6 +9,7 @@ from collections.abc import Set as AbstractSet
 from heapq import heapify, heappop, heappush, heapreplace
 
 from numbakv.policies.block_lists import BlockLists
+from numbakv.policies.miniatures import sample_point
 from numbakv.specs import BlockHash
 
 # A stored block's class: buckets of the request's cached prefix, of its new tail and of the
@@ -20,6 +21,7 @@ BUCKETS = len(PREFIX_EDGES) + 1  # the same for the three
 CLASSES = BUCKETS**3
 PRIOR = 100  # every class starts as this many blocks re-used at the mean rate
 HALVE_AFTER = 8  # counts halve once this many capacities of blocks have been classed
+REMEMBERED = 125_000  # hashes remembered before a sample is (5 capacities at 25,000 blocks)
 RERANK = 16  # the classes are ranked afresh every capacity / RERANK ticks
 
 
@@ -48,7 +50,8 @@ class ReuseClasses:
     Whether a once-seen block is used again is mostly whether its conversation goes on, and the
     request that stored it says a little about that: a first turn's blocks come back about twice
     as often as a later turn's. Each class counts its stored blocks and those a later touch names
-    while their class is remembered (`memory` blocks, the most recently stored). The victim is
+    while their class is remembered (`memory` blocks, the most recently stored; beyond `REMEMBERED`
+    hashes, a sample of them that counts for all). The victim is
     the class head with the largest age divided by its class's re-use rate: a class that comes
     back half as often ages twice as fast.
 
@@ -68,6 +71,8 @@ class ReuseClasses:
     ) -> None:
         self.capacity = capacity
         self.memory = memory
+        self.sampling = max(1, memory // REMEMBERED)  # 1 in this many hashes is remembered
+        self._remembered_limit = memory // self.sampling
         self.rerank_every = capacity // RERANK if rerank_every is None else rerank_every
         self._ticks = ticks  # the policy's clock tick per block id, which ages are taken from
         self._queues = BlockLists(capacity, CLASSES)
@@ -97,12 +102,11 @@ class ReuseClasses:
     def add_all(
         self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash], classes: Sequence[int]
     ) -> None:
-        """Blocks just stored join their classes as the most recent, in order."""
+        """Blocks just stored join their classes as the most recent, in order, and count as
+        stored (those in the sample, each for `sampling` blocks)."""
         newer, older = self._queues.newer, self._queues.older
         first, class_of, sizes, heads = self.capacity, self._class_of, self._sizes, self._heads
-        remembered, stored = self._remembered, self._stored
-        total, halve_at = self._total_stored, HALVE_AFTER * self.capacity
-        for block_id, block_hash, block_class in zip(block_ids, block_hashes, classes):
+        for block_id, block_class in zip(block_ids, classes):
             class_of[block_id] = block_class
             end = first + block_class
             newest = older[end]
@@ -114,16 +118,23 @@ class ReuseClasses:
                 heads[block_class] = block_id
                 self._rekey.add(block_class)
             sizes[block_class] += 1
+        sampling = self.sampling
+        counted = zip(block_hashes, classes)
+        if sampling > 1:
+            counted = [(h, c) for h, c in counted if sample_point(h) % sampling == 0]
+        remembered, stored = self._remembered, self._stored
+        total, halve_at = self._total_stored, HALVE_AFTER * self.capacity
+        for block_hash, block_class in counted:
             remembered[block_hash] = block_class
-            stored[block_class] += 1
-            total += 1
+            stored[block_class] += sampling
+            total += sampling
             if total > halve_at:
                 stored[:] = [count / 2 for count in stored]
                 self._reused[:] = [count / 2 for count in self._reused]
                 total /= 2
                 self._total_reused /= 2
         self._total_stored = total
-        for _ in range(len(remembered) - self.memory):  # the oldest go, as if after each add
+        for _ in range(len(remembered) - self._remembered_limit):  # the oldest go, as after each
             remembered.popitem(last=False)
 
     def renew(self, block_id: int) -> None:
@@ -171,8 +182,8 @@ class ReuseClasses:
         for block_hash in block_hashes:
             block_class = pop(block_hash, None)
             if block_class is not None:
-                reused[block_class] += 1
-                self._total_reused += 1
+                reused[block_class] += self.sampling
+                self._total_reused += self.sampling
 
     def slowness(self) -> Callable[[int], float]:
         """1 / re-use rate, per class, drawn towards the mean while a class has few blocks (1 for

@@ -3,6 +3,7 @@ miniature simulations of itself."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import NamedTuple
@@ -21,7 +22,8 @@ from numbakv.policies.reuse_classes import (
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
-WATCHED = 4  # chain ends and siblings remembered: capacity / WATCHED hashes (results flat to 16)
+WATCHED = 4  # chain ends and siblings remembered: capacity / WATCHED hashes (results flat to 16),
+WATCHED_AT_MOST = 10_000  # ... at most this many (as at 40,000 blocks: memory stays bounded)
 
 
 class Setting(NamedTuple):
@@ -87,7 +89,8 @@ class SightingARCPolicy(CachePolicy):
         self._where: dict[BlockHash, int] = {}  # resident hash -> block id
         self.get = self._where.get  # the manager's hottest call, kept at C speed
         self._hash_of: list[BlockHash] = [None] * capacity
-        self._tick = [0] * capacity  # when each block was last ranked or touched
+        # When each block was last ranked or touched (machine ints: no int object per block).
+        self._tick = array("q", bytes(8 * capacity))
         self._home = [self._t1_end] * capacity  # the sentinel of the list each block is in
         self.b1 = GhostList(SIGHTING_MEMORY * capacity)
         self.b2 = GhostList(capacity)
@@ -113,7 +116,7 @@ class SightingARCPolicy(CachePolicy):
             for setting in SETTINGS
         ]
         self._tuner = MiniatureTuner(miniatures, sampling, default=LRU, undecided=UNDECIDED)
-        self.chain_ends = ChainEndWatch(max(1, self.capacity // WATCHED))
+        self.chain_ends = ChainEndWatch(max(1, min(self.capacity // WATCHED, WATCHED_AT_MOST)))
         self.reuse = ReuseClasses(self.capacity, (SIGHTING_MEMORY + 1) * self.capacity, self._tick)
 
     def _follow(self, setting: Setting) -> None:
