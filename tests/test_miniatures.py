@@ -21,6 +21,7 @@ from numbakv.policies.miniatures import (
     Miniature,
     MiniatureTuner,
     SightingMiniature,
+    sample_point,
     sampling_for,
 )
 from numbakv.policies.sighting_arc import LRU, SETTINGS, SIGHTING_MEMORY, Setting
@@ -81,6 +82,25 @@ def test_sampling_keeps_miniatures_big_enough_and_bounded() -> None:
     assert sampling_for(SMALLEST * 4) == 4
     assert sampling_for(LARGEST * SAMPLING) == SAMPLING
     assert sampling_for(10**6) == 10**6 // LARGEST  # miniatures of LARGEST blocks
+
+
+def test_the_tuner_samples_by_sample_point() -> None:
+    """The tuner's inlined sampling and `sample_point` (the reuse classes' sampling) agree."""
+
+    class Recorder:
+        hits = 0.0
+
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def request(self, chain, distinct: bool = False) -> int:
+            self.seen += chain
+            return 0
+
+    recorder = Recorder()
+    chain = ["block-3", *range(100, 140), *(bytes([i]) * 36 for i in range(40))]
+    MiniatureTuner([recorder], sampling=4).observe(chain)
+    assert recorder.seen == [h for h in chain if sample_point(h) % 4 == 0] != []
 
 
 CHAINS = st.lists(
