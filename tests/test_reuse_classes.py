@@ -257,6 +257,8 @@ def test_a_ranking_is_renewed_once_its_tick_is_reached() -> None:
     classes.leave_all([*range(198), *range(202, 400)])
     assert classes.take_victims(1, 100, [0] * 400, list(range(400)), NOTHING) == [200]
     assert classes._ranked_at == 140
+    classes.take_victims(1, 139, [0] * 400, list(range(400)), NOTHING)
+    assert classes._ranked_at == 140  # not due yet: the ranking is kept
     classes.take_victims(1, 140, [0] * 400, list(range(400)), NOTHING)
     assert classes._ranked_at == 180
 

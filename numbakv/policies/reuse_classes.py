@@ -62,8 +62,8 @@ class ReuseClasses:
     ranking would be rebuilt for every eviction. Instead the classes are ranked every
     `rerank_every` ticks (default capacity / `RERANK`): a heap with one entry per class, keyed by
     its oldest block's weighted age at the tick the next ranking is due, with the rates of the
-    ranking. Between rankings an entry is brought up to date when it reaches the top; 0 ranks at
-    every eviction, at its own tick: exact.
+    ranking (of its own time for an entry made since). Between rankings an entry is brought up
+    to date when it reaches the top; 0 ranks at every eviction, at its own tick: exact.
     """
 
     def __init__(
