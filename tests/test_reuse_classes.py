@@ -120,6 +120,24 @@ def test_counts_halve_so_recent_traffic_counts_more() -> None:
     assert classes._stored[FIRST] == (HALVE_AFTER * 10 + 1) / 2
 
 
+@pytest.mark.parametrize("sampling", [1, 3])
+def test_a_store_that_passes_the_halving_point_counts_as_if_block_by_block(sampling) -> None:
+    # 10 blocks a store of mixed classes; the counts pass the halving point within a store.
+    by_store, by_block = (classes_of(capacity=10, memory=10_000) for _ in range(2))
+    for classes in (by_store, by_block):
+        classes.sampling = sampling
+    kinds = [FIRST, OTHER, FIRST, FIRST, OTHER, OTHER, OTHER, FIRST, OTHER, FIRST]
+    for store in range(HALVE_AFTER * 2 + 1):
+        hashes = range(store * 10, store * 10 + 10)
+        by_store.add_all(range(10), hashes, kinds)
+        by_store.leave_all(range(10))
+        for block, block_hash, kind in zip(range(10), hashes, kinds):
+            by_block.add_all([block], [block_hash], [kind])
+            by_block.leave_all([block])
+    assert by_store._stored == by_block._stored
+    assert by_store._total_stored == by_block._total_stored
+
+
 def four_queued_blocks() -> tuple[ReuseClasses, list[int]]:
     """198 and 199 of FIRST, 200 and 201 of OTHER, FIRST coming back five times as often."""
     ticks = [0] * 400

@@ -40,6 +40,13 @@ def position_bucket(position: int) -> int:
     return POSITION_BUCKETS[position] if position < len(POSITION_BUCKETS) else BUCKETS - 1
 
 
+def tail_classes(prefix: int, tail: int) -> list[int]:
+    """The classes of a request's `tail` new blocks after `prefix` cached ones, the last first."""
+    base = group_class(prefix, tail)
+    beyond = [base + BUCKETS - 1] * (tail - len(POSITION_BUCKETS))
+    return beyond + [base + bucket for bucket in POSITION_BUCKETS[:tail][::-1]]
+
+
 POSITION_BUCKETS = tuple(bisect_right(POSITION_EDGES, p) for p in range(POSITION_EDGES[-1]))
 """The bucket of each position below the last edge (the rest are in the last bucket)."""
 
@@ -104,38 +111,50 @@ class ReuseClasses:
     ) -> None:
         """Blocks just stored join their classes as the most recent, in order, and count as
         stored (those in the sample, each for `sampling` blocks)."""
+        # Linked a run of one class at a time: a store's blocks come in a few (by position).
         newer, older = self._queues.newer, self._queues.older
         first, class_of, sizes, heads = self.capacity, self._class_of, self._sizes, self._heads
+        run_class = end = newest = -1
         for block_id, block_class in zip(block_ids, classes):
-            class_of[block_id] = block_class
-            end = first + block_class
-            newest = older[end]
+            if block_class != run_class:
+                if run_class >= 0:
+                    newer[newest] = end
+                    older[end] = newest
+                run_class, end = block_class, first + block_class
+                newest = older[end]
+                if not sizes[block_class]:
+                    heads[block_class] = block_id
+                    self._rekey.add(block_class)
             newer[newest] = block_id
             older[block_id] = newest
-            newer[block_id] = end
-            older[end] = block_id
-            if not sizes[block_class]:
-                heads[block_class] = block_id
-                self._rekey.add(block_class)
+            class_of[block_id] = block_class
             sizes[block_class] += 1
+            newest = block_id
+        if run_class >= 0:
+            newer[newest] = end
+            older[end] = newest
         sampling = self.sampling
-        counted = zip(block_hashes, classes)
+        counted = list(zip(block_hashes, classes))
         if sampling > 1:
             counted = [(h, c) for h, c in counted if sample_point(h) % sampling == 0]
         remembered, stored = self._remembered, self._stored
-        total, halve_at = self._total_stored, HALVE_AFTER * self.capacity
         for block_hash, block_class in counted:
             remembered[block_hash] = block_class
             stored[block_class] += sampling
-            total += sampling
-            if total > halve_at:
-                stored[:] = [count / 2 for count in stored]
-                self._reused[:] = [count / 2 for count in self._reused]
-                total /= 2
-                self._total_reused /= 2
+        total = self._total_stored + sampling * len(counted)
+        halve_at = HALVE_AFTER * self.capacity
+        if total > halve_at:  # as if halved right after the count that passed `halve_at`
+            late = counted[int((halve_at - self._total_stored) // sampling) + 1 :]
+            stored[:] = [count / 2 for count in stored]
+            self._reused[:] = [count / 2 for count in self._reused]
+            self._total_reused /= 2
+            for _, block_class in late:  # counted after the halving: in full
+                stored[block_class] += sampling / 2
+            total = (total + sampling * len(late)) / 2
         self._total_stored = total
+        forget = remembered.popitem
         for _ in range(len(remembered) - self._remembered_limit):  # the oldest go, as after each
-            remembered.popitem(last=False)
+            forget(False)
 
     def renew(self, block_id: int) -> None:
         """A queued block touched again (while its store is in flight) becomes the newest of its
@@ -177,13 +196,10 @@ class ReuseClasses:
 
     def seen(self, block_hashes: Sequence[BlockHash]) -> None:
         """A touch named these hashes: remembered ones count as re-used, once."""
-        pop = self._remembered.pop
-        reused = self._reused
-        for block_hash in block_hashes:
-            block_class = pop(block_hash, None)
-            if block_class is not None:
-                reused[block_class] += self.sampling
-                self._total_reused += self.sampling
+        remembered, reused, sampling = self._remembered, self._reused, self.sampling
+        for block_hash in remembered.keys() & block_hashes:
+            reused[remembered.pop(block_hash)] += sampling
+            self._total_reused += sampling
 
     def slowness(self) -> Callable[[int], float]:
         """1 / re-use rate, per class, drawn towards the mean while a class has few blocks (1 for
@@ -224,7 +240,8 @@ class ReuseClasses:
         self._rekey.clear()
         ticks, heap, entries, heads = self._ticks, self._heap, self._entries, self._heads
         at, newer, first = self._ranked_at, self._queues.newer, self.capacity
-        walked: set[int] = set()  # classes whose entries this call keyed (taken blocks leave last)
+        class_of = self._class_of
+        walked: set[int] = set()  # classes checked in this call (their entries may be past a head)
         taken: list[int] = []
         while heap and count:
             entry = heap[0]
@@ -248,13 +265,18 @@ class ReuseClasses:
             # The class keeps the lead, with no heap operation, while its next block sorts
             # before the best of the other entries (the smaller of the heap's two children).
             rival = min(heap[1:3]) if len(heap) > 1 else None
+            run, run_start = head, len(taken)  # the blocks taken in a row leave together
             while True:
                 if pinned[head] or hash_of[head] in protected:
                     self._rekey.add(block_class)  # its entry moves past its oldest block
+                    self._leave_run(block_class, run, head, len(taken) - run_start)
+                    run, run_start = newer[head], len(taken)
                 else:
                     taken.append(head)
+                    class_of[head] = -1
                     count -= 1
                     if not count:
+                        head = newer[head]
                         break
                 head = newer[head]
                 if head == end:
@@ -266,8 +288,23 @@ class ReuseClasses:
                     entries[block_class] = entry
                     heapreplace(heap, entry)
                     break
-        self.leave_all(taken)
+            self._leave_run(block_class, run, head, len(taken) - run_start)
         return taken
+
+    def _leave_run(self, block_class: int, run: int, stop: int, length: int) -> None:
+        """The `length` blocks of a class's queue from `run` up to `stop` (not included) leave it
+        (their `_class_of` is already cleared)."""
+        if not length:
+            return
+        newer, older = self._queues.newer, self._queues.older
+        before = older[run]
+        newer[before] = stop
+        older[stop] = before
+        self._sizes[block_class] -= length
+        if not self._sizes[block_class]:
+            del self._heads[block_class]
+        elif self._heads[block_class] == run:
+            self._heads[block_class] = stop
 
     def _rank(self, now: int) -> None:
         """A fresh heap of every class with blocks, keyed at the tick the next ranking is due."""

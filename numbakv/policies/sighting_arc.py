@@ -6,6 +6,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from itertools import compress
+from math import ceil
 from typing import NamedTuple
 
 from numbakv.policies.base import CachePolicy
@@ -13,12 +15,7 @@ from numbakv.policies.block_lists import BlockLists
 from numbakv.policies.chain_ends import ChainEndWatch
 from numbakv.policies.ghosts import GhostList
 from numbakv.policies.miniatures import MiniatureTuner, SightingMiniature, sampling_for
-from numbakv.policies.reuse_classes import (
-    BUCKETS,
-    POSITION_BUCKETS,
-    ReuseClasses,
-    group_class,
-)
+from numbakv.policies.reuse_classes import ReuseClasses, tail_classes
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities
@@ -129,51 +126,46 @@ class SightingARCPolicy(CachePolicy):
         count = len(block_hashes)
         clock = self._clock
         self._clock = clock + count
-        reuse = self.reuse
-        class_base = 0 if reuse is None else group_class(self._touched_length - count, count)
+        hashes, ids = block_hashes[::-1], block_ids[::-1]  # the order they go in
+        returning = self._returning(hashes)
         newer, older = self._lists.newer, self._lists.older
-        where, hash_of, tick, home = self._where, self._hash_of, self._tick, self._home
-        b1, b2, t1_end, t2_end = self.b1, self.b2, self._t1_end, self._t2_end
-        in_b1, in_b2 = b1.members, b2.members
-        to_t2 = t2_end if self.returns_to_t2 else t1_end
-        once_ids, once_hashes, once_classes = [], [], []
-        bucketed = len(POSITION_BUCKETS)
-        position = count  # counts down: the last stored goes first, with the lowest tick
-        for block_hash, block_id in zip(reversed(block_hashes), reversed(block_ids)):
-            position -= 1
-            end = t1_end
-            if block_hash in in_b1:
-                b1.remove(block_hash)
-                end = to_t2
-            elif block_hash in in_b2:
-                b2.remove(block_hash)
-                end = to_t2
-            if end == t1_end:
-                once_ids.append(block_id)
-                once_hashes.append(block_hash)
-                once_classes.append(
-                    class_base
-                    + (POSITION_BUCKETS[position] if position < bucketed else BUCKETS - 1)
-                )
+        hash_of, tick, home, t1_end = self._hash_of, self._tick, self._home, self._t1_end
+        to_t2 = self._t2_end if self.returns_to_t2 else t1_end
+        for block_hash, block_id, block_tick in zip(hashes, ids, range(clock, clock + count)):
+            end = to_t2 if returning and block_hash in returning else t1_end
             newest = older[end]
             newer[newest] = block_id
             older[block_id] = newest
             newer[block_id] = end
             older[end] = block_id
             hash_of[block_id] = block_hash
-            tick[block_id] = clock
-            clock += 1
+            tick[block_id] = block_tick
             home[block_id] = end
-        where.update(zip(block_hashes, block_ids))
-        self._t1_size += len(once_ids)
-        self._t2_size += count - len(once_ids)
-        if reuse is not None:
-            reuse.add_all(once_ids, once_hashes, once_classes)
+        self._where.update(zip(block_hashes, block_ids))
+        to_t2_count = len(returning) if to_t2 != t1_end else 0
+        self._t1_size += count - to_t2_count
+        self._t2_size += to_t2_count
+        if self.reuse is not None:
+            classes = tail_classes(self._touched_length - count, count)
+            if to_t2_count:
+                once = [block_hash not in returning for block_hash in hashes]
+                hashes, ids, classes = (list(compress(s, once)) for s in (hashes, ids, classes))
+            self.reuse.add_all(ids, hashes, classes)
         chain_ends = self.chain_ends
         if chain_ends is not None and count and block_hashes[-1] == chain_ends.last_touched:
             chain_ends.watch(block_hashes[-1], block_hashes[-2] if count > 1 else None)
             if chain_ends.demote:
                 self._demote(block_ids[-1])
+
+    def _returning(self, hashes: Sequence[BlockHash]) -> AbstractSet[BlockHash]:
+        """The hashes that are ghosts, taken out of the ghost lists (most stores have none)."""
+        b1, b2 = self.b1, self.b2
+        if b1.members.isdisjoint(hashes) and b2.members.isdisjoint(hashes):
+            return frozenset()
+        returning = {h for h in hashes if h in b1.members or h in b2.members}
+        for block_hash in returning:
+            (b1 if block_hash in b1.members else b2).remove(block_hash)
+        return returning
 
     def _demote(self, block_id: int) -> None:
         """A block goes to the old end of its list (and of its class), older than any other."""
@@ -248,9 +240,8 @@ class SightingARCPolicy(CachePolicy):
         newer, older = self._lists.newer, self._lists.older
         t1_end, t2_end = self._t1_end, self._t2_end
         t1_left, p = self._t1_size, self.p
-        over_bound = 0  # the first rounds, while what is left of T1 is over p, all take from T1
-        while over_bound < n and t1_left - over_bound > p:
-            over_bound += 1
+        # The first rounds, while what is left of T1 is over p, all take from T1.
+        over_bound = min(n, max(0, ceil(t1_left - p)))
         chosen_t1: list[int] = []
         if reuse is not None:
             now = self._clock
