@@ -111,7 +111,7 @@ class ReuseClasses:
     ) -> None:
         """Blocks just stored join their classes as the most recent, in order, and count as
         stored (those in the sample, each for `sampling` blocks)."""
-        # Linked a run of one class at a time: a store's blocks come in a few (by position).
+        # A run of one class at a time: a store's blocks come in a few, one per position bucket.
         newer, older = self._queues.newer, self._queues.older
         first, class_of, sizes, heads = self.capacity, self._class_of, self._sizes, self._heads
         run_class = end = newest = -1

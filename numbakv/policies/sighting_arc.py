@@ -126,7 +126,7 @@ class SightingARCPolicy(CachePolicy):
         count = len(block_hashes)
         clock = self._clock
         self._clock = clock + count
-        hashes, ids = block_hashes[::-1], block_ids[::-1]  # the order they go in
+        hashes, ids = block_hashes[::-1], block_ids[::-1]  # last first: the order of their ticks
         returning = self._returning(hashes)
         newer, older = self._lists.newer, self._lists.older
         hash_of, tick, home, t1_end = self._hash_of, self._tick, self._home, self._t1_end
