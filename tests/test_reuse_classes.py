@@ -23,6 +23,7 @@ from numbakv.policies.reuse_classes import (
     block_class,
     group_class,
     position_bucket,
+    tail_classes,
 )
 from tests.replaying import replay_into
 
@@ -77,6 +78,12 @@ def test_class_numbers_sort_as_their_bucket_tuples(one, other) -> None:
 
     assert (block_class(*one) < block_class(*other)) == (buckets(*one) < buckets(*other))
     assert block_class(*one) == group_class(*one[:2]) + position_bucket(one[2])
+
+
+@given(st.integers(0, 80), st.integers(0, 80))
+def test_a_tails_classes_are_its_blocks_classes_last_first(prefix, tail) -> None:
+    expected = [block_class(prefix, tail, position) for position in reversed(range(tail))]
+    assert tail_classes(prefix, tail) == expected
 
 
 def test_rates_start_equal_and_follow_what_comes_back() -> None:
