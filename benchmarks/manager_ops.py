@@ -1,10 +1,13 @@
 """Manager cost per block and per cached block, and replay time against a bare LRU loop.
 
-    python benchmarks/manager_ops.py [--capacities 10000,100000,1000000] [--out results/manager_ops.json]
+    python benchmarks/manager_ops.py [--capacities 10000,100000,1000000]
+        [--churned-capacities 10000,100000] [--out results/manager_ops.json]
 
-Prints three tables and writes them as JSON. Targets (2-core machine): every operation <= 1 us per
+Prints four tables and writes them as JSON. Targets (2-core machine): every operation <= 1 us per
 block at 1M blocks, <= 200 bytes per cached block, and a replay no more than 2x a bare OrderedDict
-LRU loop that keeps no ref counts, events or specs.
+LRU loop that keeps no ref counts, events or specs. Memory is measured twice: right after a fill,
+and after a churned replay (the steady state: about 20 references per block of capacity, so 1M
+blocks takes sarc about 10 minutes here and is left to `--churned-capacities`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import time
 import tracemalloc
 from collections import OrderedDict
@@ -24,6 +28,7 @@ from numbakv.workloads import multi_turn_chat
 
 CHAIN = 32  # blocks per call, about one 16k-token prompt of 512-token blocks
 FILLS = 6  # capacities stored before memory is measured: sarc remembers the last 5
+CHURN = 12  # capacities of new blocks stored by the churned measurement
 
 
 def chains_of(first: int, count: int) -> list[list[int]]:
@@ -85,6 +90,44 @@ def bytes_per_cached_block(policy: str, capacity: int) -> float:
     return size / capacity
 
 
+def churned_chains(capacity: int, seed: int = 0) -> list[list[int]]:
+    """Conversations that come back: each request is either the next turn of a conversation
+    opened up to 3 capacities of blocks ago (its chain so far and `CHAIN` / 2 new blocks, until
+    it is 2 `CHAIN`s long) or opens one (`CHAIN` new blocks), until `CHURN` capacities of new
+    blocks have been stored. Blocks come back while cached, as ghosts and after being forgotten, so
+    every hash table has been grown, emptied and refilled."""
+    rng = random.Random(seed)
+    conversations: list[list[int]] = []
+    chains, fresh = [], 0
+    while fresh < CHURN * capacity:
+        back = min(len(conversations), 1 + int(3 * capacity / CHAIN))
+        turn = len(conversations) - 1 - int(rng.random() * back)
+        if turn >= 0 and rng.random() < 0.5 and len(conversations[turn]) < 2 * CHAIN:
+            chain = conversations[turn] = [*conversations[turn], *range(fresh, fresh + CHAIN // 2)]
+            fresh += CHAIN // 2
+        else:
+            chain = list(range(fresh, fresh + CHAIN))
+            conversations.append(chain)
+            fresh += CHAIN
+        chains.append(chain)
+    return chains
+
+
+def bytes_per_block_churned(policy: str, capacity: int) -> float:
+    """What the manager holds after `churned_chains` replayed (the hashes made beforehand), per
+    block of capacity: a steady state, where a fill alone leaves its tables at their tightest."""
+    chains = churned_chains(capacity)
+    gc.collect()
+    tracemalloc.start()
+    manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
+    for chain in chains:
+        replay_request(manager, chain)
+    gc.collect()
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return size / capacity
+
+
 def manager_replay_seconds(chains, policy: str, capacity: int) -> tuple[float, int]:
     manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
     started = time.perf_counter()
@@ -119,10 +162,16 @@ def bare_replay_seconds(chains, capacity: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capacities", default="10000,100000,1000000")
+    parser.add_argument("--churned-capacities", default="10000,100000")
     parser.add_argument("--out", default="results/manager_ops.json")
     args = parser.parse_args()
     capacities = [int(c) for c in args.capacities.split(",")]
-    report: dict = {"methods_ns_per_block": {}, "bytes_per_cached_block": {}, "replay": []}
+    report: dict = {
+        "methods_ns_per_block": {},
+        "bytes_per_cached_block": {},
+        "bytes_per_cached_block_churned": {},
+        "replay": [],
+    }
 
     print(f"ns per block, calls of {CHAIN} blocks on a full cache")
     for policy in POLICIES:
@@ -139,6 +188,13 @@ def main() -> None:
         for capacity in capacities:
             per_block = bytes_per_cached_block(policy, capacity)
             report["bytes_per_cached_block"][f"{policy}@{capacity}"] = per_block
+            print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
+
+    print(f"bytes per cached block after churn (tracemalloc, {CHURN} capacities of new blocks)")
+    for policy in POLICIES:
+        for capacity in [int(c) for c in args.churned_capacities.split(",")]:
+            per_block = bytes_per_block_churned(policy, capacity)
+            report["bytes_per_cached_block_churned"][f"{policy}@{capacity}"] = per_block
             print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
 
     workloads = {"multi_turn_chat x10": [r.hash_ids for r in multi_turn_chat(sessions=15_000)]}

@@ -45,6 +45,8 @@ class ManagerStats:
 MAX_SIZE = 2**31
 """The largest block count (and block size) taken: the manager keeps a few list slots per block,
 so a larger pool would need hundreds of GiB of bookkeeping before its first call."""
+MAX_TRACKER_SIZE = 64_000
+"""Recent hashes whose lookups are counted for `store_threshold` admission (vLLM's default)."""
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -115,7 +117,7 @@ class CPUOffloadingManager:
         cache_policy: str = "lru",
         enable_events: bool = False,
         store_threshold: int = 1,
-        max_tracker_size: int = 64_000,
+        max_tracker_size: int = MAX_TRACKER_SIZE,
     ) -> None:
         self.block_size = _size("block_size", block_size)
         self.num_blocks = _size("num_blocks", num_blocks)

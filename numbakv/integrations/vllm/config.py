@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from numbakv.manager import MAX_TRACKER_SIZE
 from numbakv.policies import resolve_policy
 
 DEFAULT_POLICY = "lru"  # vLLM's default; docs/VLLM.md recommends "sarc"
-DEFAULT_MAX_TRACKER_SIZE = 64_000
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,7 @@ class Settings:
     cpu_bytes_to_use: int
     eviction_policy: str = DEFAULT_POLICY
     store_threshold: int = 1
-    max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE
+    max_tracker_size: int = MAX_TRACKER_SIZE
     max_thread_blocks: int | None = None
 
     @classmethod
@@ -64,7 +64,7 @@ class Settings:
             # vLLM's default 0 and 1 both mean "store every block"
             store_threshold=max(1, _integer(extra, "store_threshold", minimum=0, default=0)),
             max_tracker_size=_integer(
-                extra, "max_tracker_size", minimum=1, default=DEFAULT_MAX_TRACKER_SIZE
+                extra, "max_tracker_size", minimum=1, default=MAX_TRACKER_SIZE
             ),
             max_thread_blocks=None
             if max_thread_blocks is None
