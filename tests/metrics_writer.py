@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import time
 
@@ -19,6 +20,9 @@ from tests.metrics_fakes import FakeManager, run_workload
 
 def main(instance: str, repeats: int, seconds: float = 0.0) -> None:
     assert os.environ.get("PROMETHEUS_MULTIPROC_DIR"), "set PROMETHEUS_MULTIPROC_DIR"
+    # Ctrl-C ends it as it ends an engine run from a terminal, even where SIGINT is inherited
+    # ignored (pytest started as a background job of a script: the test would wait in vain).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     manager = FakeManager(capacity=1000)
     metrics = OffloadMetrics(manager, instance=instance)
     for _ in range(repeats):
