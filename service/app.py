@@ -143,7 +143,8 @@ class Sidecar:
         snapshot = self.snapshot
         if content_type == _TEXT:
             return snapshot.reading.text, content_type
-        if content_type in _OPENMETRICS:
+        any_escaping = content_type.partition("; escaping=")[0] in _OPENMETRICS
+        if content_type in _OPENMETRICS or (any_escaping and snapshot.reading.legacy_names):
             return snapshot.reading.openmetrics, content_type
         rendered_for, rendered = self._rendered
         if rendered_for is not snapshot:

@@ -9,6 +9,7 @@ vanishing or malformed file, or data that does not merge with the others' each e
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from prometheus_client.exposition import generate_latest
@@ -29,6 +30,8 @@ from numbakv.metrics.liveness import writer_alive
 LOCK_WAIT_S = 2.0
 """How long a read waits for a writer's compaction to finish before it reads without the lock."""
 _EOF = b"# EOF\n"
+_LEGACY_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LEGACY_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -70,18 +73,32 @@ class Reading:
     openmetrics: bytes
     """OpenMetrics 1.0.0."""
     state: DirectoryState
+    legacy_names: bool
+    """Every metric and label name is valid without UTF-8 (numbakv's are): then the name escaping
+    a scraper asks for (Prometheus 3 asks for ``allow-utf-8``) changes nothing in the renderings."""
 
     @classmethod
     def of(
         cls, families: list[tuple[Metric, tuple[bytes, bytes]]], state: DirectoryState
     ) -> Reading:
         """Families, each with its text and OpenMetrics renderings, as one reading."""
+        metrics = tuple(metric for metric, _ in families)
         return cls(
-            metrics=tuple(metric for metric, _ in families),
+            metrics=metrics,
             text=b"".join(text for _, (text, _) in families),
             openmetrics=b"".join(om for _, (_, om) in families) + _EOF,
             state=state,
+            legacy_names=all(map(_has_legacy_names, metrics)),
         )
+
+
+def _has_legacy_names(metric: Metric) -> bool:
+    """Whether the family's metric and label names are all valid without UTF-8."""
+    return bool(_LEGACY_METRIC_NAME.fullmatch(metric.name)) and all(
+        _LEGACY_METRIC_NAME.fullmatch(sample.name)
+        and all(map(_LEGACY_LABEL_NAME.fullmatch, sample.labels))
+        for sample in metric.samples
+    )
 
 
 class MetricsDirectory:

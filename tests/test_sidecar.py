@@ -10,11 +10,12 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.openmetrics.exposition import generate_latest
 
 import service
 from service.app import create_app
 from service.settings import Settings, parse_settings
-from tests.metrics_fakes import run_writers
+from tests.metrics_fakes import key, run_writers, write_metrics_file
 from tests.servers import ROOT, free_port, sidecar
 
 
@@ -51,6 +52,35 @@ def test_metrics_are_openmetrics_when_asked(metrics_dir):
         r = c.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert r.headers["content-type"].startswith("application/openmetrics-text")
     assert r.text.endswith("# EOF\n")
+
+
+PROMETHEUS_3_ACCEPT = (  # what a Prometheus 3 scrape sends by default
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+def test_a_prometheus_3_scrape_is_served_the_openmetrics_rendered_with_the_read(metrics_dir):
+    """numbakv's names need no UTF-8, so any name escaping renders them alike: no render per scrape."""
+    with client(metrics_dir) as c:
+        side = c.app.state.sidecar
+        r = c.get("/metrics", headers={"Accept": PROMETHEUS_3_ACCEPT})
+        body, _ = side.exposition(PROMETHEUS_3_ACCEPT)
+        assert body is side.snapshot.reading.openmetrics
+        assert body == generate_latest(side.snapshot, escaping="allow-utf-8")
+    assert r.headers["content-type"].endswith("escaping=allow-utf-8") and r.content == body
+    assert 'numbakv_lookups_total{instance="gpu0",policy="arc"} 2.0' in r.text
+
+
+def test_names_that_need_utf_8_are_escaped_as_the_scrape_asks(tmp_path):
+    run_writers(tmp_path, ("gpu0", 1))
+    write_metrics_file(tmp_path / "counter_11.db", [(key("jobs.done", "jobs.done_total", {}), 3)])
+    with client(tmp_path) as c:
+        utf8 = c.get("/metrics", headers={"Accept": PROMETHEUS_3_ACCEPT}).text
+        underscores = c.get("/metrics", headers={"Accept": "application/openmetrics-text"}).text
+    assert '{"jobs.done_total"} 3.0' in utf8 and "jobs_done_total 3.0" in underscores
+    assert 'numbakv_lookups_total{instance="gpu0",policy="arc"} 2.0' in utf8
 
 
 @pytest.mark.skipif(
