@@ -73,21 +73,31 @@ def method_costs(policy: str, capacity: int) -> dict[str, float]:
     return costs
 
 
-def bytes_per_cached_block(policy: str, capacity: int) -> float:
-    # The engine's hashes are made first: they are not the manager's memory. Later fills evict
-    # the earlier ones until every history is full (ghost lists, sarc's reuse classes); each chain
-    # is touched before it is stored, as an engine schedules a request before saving it, so
-    # history kept on touch (sarc's miniatures) fills as well.
-    fills = [chain for fill in range(FILLS) for chain in chains_of(fill * capacity, capacity)]
+def held_per_block(policy: str, capacity: int, chains: list[list[int]], step) -> float:
+    """What a new manager holds after `step(manager, chain)` for each chain, per block of
+    capacity. The chains are made beforehand: the engine's hashes are not the manager's memory."""
     gc.collect()
     tracemalloc.start()
     manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
-    for chain in fills:
-        manager.touch(chain)
-        manager.complete_store(manager.prepare_store(chain).block_hashes_to_store)
+    for chain in chains:
+        step(manager, chain)
+    gc.collect()
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return size / capacity
+
+
+def touch_and_store(manager: CPUOffloadingManager, chain: list[int]) -> None:
+    """As an engine schedules a request before saving it."""
+    manager.touch(chain)
+    manager.complete_store(manager.prepare_store(chain).block_hashes_to_store)
+
+
+def bytes_per_cached_block(policy: str, capacity: int) -> float:
+    """Right after a fill: later fills evict the earlier ones until every history is full (ghost
+    lists, sarc's reuse classes), and history kept on touch (sarc's miniatures) fills as well."""
+    fills = [chain for fill in range(FILLS) for chain in chains_of(fill * capacity, capacity)]
+    return held_per_block(policy, capacity, fills, touch_and_store)
 
 
 def churned_chains(capacity: int, seed: int = 0) -> list[list[int]]:
@@ -114,18 +124,9 @@ def churned_chains(capacity: int, seed: int = 0) -> list[list[int]]:
 
 
 def bytes_per_block_churned(policy: str, capacity: int) -> float:
-    """What the manager holds after `churned_chains` replayed (the hashes made beforehand), per
-    block of capacity: a steady state, where a fill alone leaves its tables at their tightest."""
-    chains = churned_chains(capacity)
-    gc.collect()
-    tracemalloc.start()
-    manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
-    for chain in chains:
-        replay_request(manager, chain)
-    gc.collect()
-    size, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return size / capacity
+    """After `churned_chains` replayed: a steady state, where a fill alone leaves the manager's
+    tables at their tightest."""
+    return held_per_block(policy, capacity, churned_chains(capacity), replay_request)
 
 
 def manager_replay_seconds(chains, policy: str, capacity: int) -> tuple[float, int]:
