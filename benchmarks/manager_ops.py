@@ -7,7 +7,8 @@ Prints four tables and writes them as JSON. Targets (2-core machine): every oper
 block at 1M blocks, <= 200 bytes per cached block, and a replay no more than 2x a bare OrderedDict
 LRU loop that keeps no ref counts, events or specs. Memory is measured twice: right after a fill,
 and after a churned replay (the steady state: about 20 references per block of capacity, so 1M
-blocks takes sarc about 10 minutes here and is left to `--churned-capacities`).
+blocks takes sarc about 10 minutes here and is left to `--churned-capacities`). The churned replay
+is also timed request by request: its longest requests are the pauses an engine's scheduler sees.
 """
 
 from __future__ import annotations
@@ -123,10 +124,21 @@ def churned_chains(capacity: int, seed: int = 0) -> list[list[int]]:
     return chains
 
 
-def bytes_per_block_churned(policy: str, capacity: int) -> float:
-    """After `churned_chains` replayed: a steady state, where a fill alone leaves the manager's
-    tables at their tightest."""
-    return held_per_block(policy, capacity, churned_chains(capacity), replay_request)
+def request_times(policy: str, capacity: int, chains: list[list[int]]) -> dict[str, float]:
+    """Each request's replay time, garbage collector on as in an engine: the worst ones are the
+    pauses a scheduler sees (a table rebuilt, a list compacted)."""
+    manager = CPUOffloadingManager(block_size=16, num_blocks=capacity, cache_policy=policy)
+    times = []
+    for chain in chains:
+        started = time.perf_counter()
+        replay_request(manager, chain)
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return {
+        "median_us": times[len(times) // 2] * 1e6,
+        "p99.9_ms": times[int(len(times) * 0.999)] * 1e3,
+        "longest_ms": times[-1] * 1e3,
+    }
 
 
 def manager_replay_seconds(chains, policy: str, capacity: int) -> tuple[float, int]:
@@ -171,6 +183,7 @@ def main() -> None:
         "methods_ns_per_block": {},
         "bytes_per_cached_block": {},
         "bytes_per_cached_block_churned": {},
+        "churned_request_times": {},
         "replay": [],
     }
 
@@ -191,12 +204,20 @@ def main() -> None:
             report["bytes_per_cached_block"][f"{policy}@{capacity}"] = per_block
             print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
 
-    print(f"bytes per cached block after churn (tracemalloc, {CHURN} capacities of new blocks)")
-    for policy in POLICIES:
-        for capacity in [int(c) for c in args.churned_capacities.split(",")]:
-            per_block = bytes_per_block_churned(policy, capacity)
+    # The steady state: a fill alone leaves the manager's tables at their tightest.
+    print(f"after churn ({CHURN} capacities of new blocks): bytes per cached block, request times")
+    for capacity in [int(c) for c in args.churned_capacities.split(",")]:
+        chains = churned_chains(capacity)
+        for policy in POLICIES:
+            per_block = held_per_block(policy, capacity, chains, replay_request)
+            times = request_times(policy, capacity, chains)
             report["bytes_per_cached_block_churned"][f"{policy}@{capacity}"] = per_block
-            print(f"  {policy:>4} {capacity:>9,}  {per_block:6.1f}")
+            report["churned_request_times"][f"{policy}@{capacity}"] = times
+            print(
+                f"  {policy:>4} {capacity:>9,}  {per_block:6.1f} B  median "
+                f"{times['median_us']:4.0f} us  p99.9 {times['p99.9_ms']:5.2f} ms  "
+                f"longest {times['longest_ms']:6.1f} ms"
+            )
 
     workloads = {"multi_turn_chat x10": [r.hash_ids for r in multi_turn_chat(sessions=15_000)]}
     workloads["mooncake_conversation"] = read_hash_chains("mooncake_conversation")  # shipped

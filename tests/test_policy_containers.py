@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from unittest.mock import patch
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from numbakv.policies.block_lists import BlockLists
-from numbakv.policies.ghosts import GhostList
+from numbakv.policies.ghosts import AT_ONCE, COMPACT_RATE, GhostList
 
 HASHES = st.integers(0, 15)
 GHOST_STEPS = st.lists(
@@ -21,10 +22,21 @@ GHOST_STEPS = st.lists(
 )
 
 
-@given(limit=st.integers(1, 6), steps=GHOST_STEPS)
-def test_a_ghost_list_is_a_bounded_fifo(limit: int, steps) -> None:
+@given(
+    limit=st.integers(1, 6), rate=st.integers(2, 5), at_once=st.integers(0, 8), steps=GHOST_STEPS
+)
+def test_a_ghost_list_is_a_bounded_fifo(limit: int, rate: int, at_once: int, steps) -> None:
     """Against an OrderedDict trimmed to the limit after every step: same members, same order,
-    however many stale places refreshes and removals leave behind."""
+    however many stale places refreshes and removals leave behind, and at every point of a
+    compaction (`rate`, `at_once`: compactions spread over few calls or many)."""
+    with (
+        patch("numbakv.policies.ghosts.COMPACT_RATE", rate),
+        patch("numbakv.policies.ghosts.AT_ONCE", at_once),
+    ):
+        replay_ghost_steps(limit, steps)
+
+
+def replay_ghost_steps(limit: int, steps) -> None:
     ghosts, model = GhostList(limit), OrderedDict()
     for action, argument in steps:
         if action == "add":
@@ -44,7 +56,8 @@ def test_a_ghost_list_is_a_bounded_fifo(limit: int, steps) -> None:
         assert list(ghosts) == list(model)
         assert len(ghosts) == len(model)
         assert all((h in ghosts) == (h in model) for h in range(16))
-        assert len(ghosts._order) <= len(model) + limit  # stale places stay bounded
+        assert ghosts.places == len(model) + sum(ghosts._stale.values())
+        assert ghosts.places <= len(model) + 2 * limit + 2  # stale places stay bounded
 
 
 def test_a_ghost_list_that_never_fills_is_compacted() -> None:
@@ -53,7 +66,23 @@ def test_a_ghost_list_that_never_fills_is_compacted() -> None:
     for _ in range(1000):
         ghosts.refresh(3)
     assert list(ghosts) == [0, 1, 2, 4, 5, 6, 7, 8, 9, 3]
-    assert len(ghosts._order) <= 10 + 100
+    assert ghosts.places <= 10 + 2 * 100 + 2
+
+
+def test_a_compaction_is_spread_over_calls() -> None:
+    """No call pays for a large list: each visits a few places per place it adds."""
+    size = 2 * AT_ONCE
+    ghosts = GhostList(limit=size)
+    ghosts.add_all(list(range(size)))
+    while not ghosts._compacting:
+        ghosts.refresh(0)
+    to_visit = ghosts.places
+    ghosts.refresh(0)
+    assert ghosts.places >= to_visit - COMPACT_RATE
+    while ghosts._compacting:
+        ghosts.refresh(size - 1)
+    assert ghosts.places == size + ghosts._stale.get(size - 1, 0)
+    assert list(ghosts)[-2:] == [0, size - 1]
 
 
 @given(
