@@ -8,10 +8,12 @@ from itertools import chain
 
 from numbakv.specs import BlockHash
 
-# Places a compaction visits per place a call adds (or per refresh or removal): it ends within
-# 1 / COMPACT_RATE of the list's places in calls, and no call pays for more than its own share ...
+# A compaction visits COMPACT_RATE places per place a later call adds (and per refresh or
+# removal), so it is over once a third as many places as it found have been added, and no call
+# pays for more than its own share; the call that starts it visits AT_ONCE places (a small list:
+# all of them).
 COMPACT_RATE = 4
-AT_ONCE = 8192  # ... beyond the call that starts it, which visits this many (a small list: all)
+AT_ONCE = 8192
 
 
 class GhostList:
