@@ -11,18 +11,8 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
 from numbakv.policies.base import CachePolicy
+from numbakv.policies.block_lists import BlockLists
 from numbakv.specs import BlockHash
-
-
-class _Node:
-    __slots__ = ("block_hash", "block_id", "newer", "older", "visited")
-
-    def __init__(self, block_hash: BlockHash, block_id: int) -> None:
-        self.block_hash = block_hash
-        self.block_id = block_id
-        self.visited = False
-        self.newer: _Node | None = None
-        self.older: _Node | None = None
 
 
 class SIEVEPolicy(CachePolicy):
@@ -31,75 +21,78 @@ class SIEVEPolicy(CachePolicy):
     New blocks enter at the new end. The hand walks from the old end towards the new end: a
     visited block keeps its place and loses its bit, the first unvisited one is evicted and the hand
     stays where it was. Blocks that survive a sweep are the ones re-used since the last one.
+
+    The queue is threaded through host block ids (`BlockLists`), with a visited byte per id: no
+    Python object per block, so the garbage collector has nothing to walk.
     """
 
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         super().__init__(capacity, ref_counts)
-        self._nodes: dict[BlockHash, _Node] = {}
-        self._newest: _Node | None = None
-        self._oldest: _Node | None = None
-        self._hand: _Node | None = None
+        self._where: dict[BlockHash, int] = {}  # cached hash -> block id
+        self.get = self._where.get  # the manager's hottest call, kept at C speed
+        self._hash_of: list[BlockHash] = [None] * capacity
+        self._visited = bytearray(capacity)
+        self._queue = BlockLists(capacity, 1)
+        self._end = self._queue.sentinel(0)
+        self._hand = self._end  # at the sentinel: the next sweep starts from the oldest
 
     def get(self, block_hash: BlockHash) -> int | None:
-        node = self._nodes.get(block_hash)
-        return node.block_id if node is not None else None
+        return self._where.get(block_hash)
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
+        newer, older, end = self._queue.newer, self._queue.older, self._end
+        hash_of, visited = self._hash_of, self._visited
         for block_hash, block_id in zip(block_hashes, block_ids):
-            node = _Node(block_hash, block_id)
-            node.older = self._newest
-            if self._newest is not None:
-                self._newest.newer = node
-            else:
-                self._oldest = node
-            self._newest = node
-            self._nodes[block_hash] = node
+            newest = older[end]
+            newer[newest] = block_id
+            older[block_id] = newest
+            newer[block_id] = end
+            older[end] = block_id
+            hash_of[block_id] = block_hash
+            visited[block_id] = 0
+        self._where.update(zip(block_hashes, block_ids))
 
     def remove(self, block_hash: BlockHash) -> None:
-        self._unlink(self._nodes.pop(block_hash))
-
-    def _unlink(self, node: _Node) -> None:
-        if self._hand is node:
-            self._hand = node.newer
-        if node.older is not None:
-            node.older.newer = node.newer
-        else:
-            self._oldest = node.newer
-        if node.newer is not None:
-            node.newer.older = node.older
-        else:
-            self._newest = node.older
+        block_id = self._where.pop(block_hash)
+        if self._hand == block_id:
+            self._hand = self._queue.newer[block_id]
+        self._queue.unlink(block_id)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        nodes = self._nodes
+        get, visited = self._where.get, self._visited
         for block_hash in block_hashes:
-            node = nodes.get(block_hash)
-            if node is not None:
-                node.visited = True
+            block_id = get(block_hash)
+            if block_id is not None:
+                visited[block_id] = 1
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
-        victims = []
+        newer, older, end = self._queue.newer, self._queue.older, self._end
+        pinned, hash_of, visited, where = self.ref_counts, self._hash_of, self._visited, self._where
+        victims: list[tuple[BlockHash, int]] = []
         hand = self._hand
         while len(victims) < n:
-            if hand is None:
-                hand = self._oldest
-            if self.ref_counts[hand.block_id] != 0 or hand.block_hash in protected:
-                hand = hand.newer
-            elif hand.visited:
-                hand.visited = False
-                hand = hand.newer
+            if hand == end:
+                hand = newer[end]
+            if pinned[hand] or hash_of[hand] in protected:
+                hand = newer[hand]
+            elif visited[hand]:
+                visited[hand] = 0
+                hand = newer[hand]
             else:
-                victim, hand = hand, hand.newer
-                self._hand = hand  # so that _unlink does not move it
-                self._unlink(victim)
-                del self._nodes[victim.block_hash]
-                victims.append((victim.block_hash, victim.block_id))
+                before, after = older[hand], newer[hand]
+                newer[before] = after
+                older[after] = before
+                block_hash = hash_of[hand]
+                del where[block_hash]
+                victims.append((block_hash, hand))
+                hand = after
         self._hand = hand
         return victims
 
     def clear(self) -> None:
-        self._nodes.clear()
-        self._newest = self._oldest = self._hand = None
+        self._where.clear()
+        self._queue.clear()
+        self._hand = self._end
 
     def __len__(self) -> int:
-        return len(self._nodes)
+        return len(self._where)
