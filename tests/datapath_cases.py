@@ -33,7 +33,7 @@ class KVCache:
     def poison(self) -> None:
         """Fill the arrays (strided views too, through Numba's assignment) with the GPU poison."""
         for array in self.arrays:
-            array[...] = np.frombuffer(bytes([GPU_POISON]) * array.dtype.itemsize, array.dtype)[0]
+            array[:] = np.frombuffer(bytes([GPU_POISON]) * array.dtype.itemsize, array.dtype)[0]
 
 
 def finish(engine, *job_ids) -> list:

@@ -61,7 +61,7 @@ BAD_LAYOUTS = [
         _layers((2, 4, 2, 2, 4))
         + [
             cuda.to_device(random_array(np.random.default_rng(2), (2, 4, 2, 2, 8), np.float16))[
-                ..., :4
+                :, :, :, :, :4
             ]
         ],
         "layer 1 has strides",
