@@ -141,7 +141,7 @@ class ChunkBench:
             self.pool,
             max_thread_blocks=thread_blocks,
             threads_per_block=self.threads_per_block,
-            on_job_done=None if seconds is None else lambda *report: seconds.append(report[3]),
+            on_job_done=None if seconds is None else lambda job: seconds.append(job.seconds),
         )
 
     def job_id(self) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 
 from numbakv.belady import BELADY
 from numbakv.cli import INTERRUPTED, Parser, positive_int, print_json
+from numbakv.jobs import FinishedJob
 from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import KVOffloader
 from numbakv.planning import bytes_label
@@ -135,11 +136,11 @@ class StandInEngine:
         self.pending_store: dict[int, int] = {}  # GPU block -> store job still reading it
         self._job_ids = 0
 
-    def _count(self, job_id, direction, nbytes, seconds, success) -> None:
-        direction = str(getattr(direction, "value", direction))
-        self.report.bytes_moved[direction] += nbytes
-        self.report.blocks_moved[direction] += nbytes // self.block_bytes
-        self.report.transfer_seconds[direction] += seconds
+    def _count(self, job: FinishedJob) -> None:
+        direction = job.direction.value
+        self.report.bytes_moved[direction] += job.nbytes
+        self.report.blocks_moved[direction] += job.nbytes // self.block_bytes
+        self.report.transfer_seconds[direction] += job.seconds
 
     def serve(self, chain: list[int]) -> None:
         report = self.report

@@ -10,12 +10,12 @@ plain specs across instead (see docs/OFFLOADER.md).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from itertools import count
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from numbakv.jobs import Direction, FinishedJob
 from numbakv.manager import CPUOffloadingManager
 from numbakv.specs import BlockHash
 
@@ -26,28 +26,24 @@ class Transfers(Protocol):
     """What the offloader needs of a transfer engine (numbakv.datapath.TransferEngine has it)."""
 
     @property
-    def num_gpu_blocks(self) -> int: ...
+    def num_host_blocks(self) -> int: ...
 
-    def submit(
+    def check_gpu_ids(self, direction: Direction, gpu_block_ids: Any) -> np.ndarray: ...
+
+    def enqueue(
         self,
         job_id: Hashable,
-        direction: str,
-        gpu_block_ids: np.ndarray,
-        host_block_ids: np.ndarray,
+        direction: Direction,
+        gpu_ids: np.ndarray,
+        host_ids: np.ndarray,
         wait_event: Any = None,
     ) -> None: ...
 
-    def get_finished(self) -> list[tuple[Hashable, bool]]: ...
+    def get_finished(self) -> list[FinishedJob]: ...
 
     def wait(self, job_id: Hashable) -> bool: ...
 
     def completion_event(self, job_id: Hashable) -> Any | None: ...
-
-
-@dataclass(frozen=True)
-class _Job:
-    direction: str
-    block_hashes: list
 
 
 class KVOffloader:
@@ -66,12 +62,17 @@ class KVOffloader:
     ) -> None:
         if mode not in ("eager", "lazy"):
             raise ValueError(f"mode must be 'eager' or 'lazy', got {mode!r}")
+        if manager.num_blocks > transfers.num_host_blocks:
+            raise ValueError(
+                f"the manager hands out {manager.num_blocks} host blocks, the transfer engine's "
+                f"host pool has {transfers.num_host_blocks}: size them alike"
+            )
         self.manager = manager
         self.transfers = transfers
         self.mode = mode
-        self._jobs: dict[int, _Job] = {}
+        self._jobs: dict[int, tuple[Direction, list]] = {}  # in flight: direction, block hashes
         self._job_ids = count()
-        self._finished: list[tuple[int, bool]] = []
+        self._finished: list[FinishedJob] = []
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks the host pool can load."""
@@ -91,7 +92,7 @@ class KVOffloader:
 
         `wait_event` holds the copy back until the engine's compute has written the blocks.
         """
-        gpu_ids = self._gpu_ids(block_hashes, gpu_block_ids)
+        gpu_ids = self._checked_gpu_ids(Direction.STORE, block_hashes, gpu_block_ids)
         output = self.manager.prepare_store(block_hashes)
         if output is None or not output.block_hashes_to_store:
             return None
@@ -99,7 +100,7 @@ class KVOffloader:
         if len(to_store) < len(block_hashes):
             position = dict(zip(block_hashes, range(len(block_hashes))))
             gpu_ids = gpu_ids[[position[block_hash] for block_hash in to_store]]
-        return self._submit("store", to_store, gpu_ids, output.store_spec.block_ids, wait_event)
+        return self._submit(Direction.STORE, to_store, gpu_ids, output.store_spec.block_ids, wait_event)
 
     def load(
         self,
@@ -113,9 +114,9 @@ class KVOffloader:
         still read the GPU blocks being overwritten) have run. `completion_event(job)` is what
         the engine's stream waits on before it reads the loaded blocks.
         """
-        gpu_ids = self._gpu_ids(block_hashes, gpu_block_ids)
+        gpu_ids = self._checked_gpu_ids(Direction.LOAD, block_hashes, gpu_block_ids)
         spec = self.manager.prepare_load(block_hashes)
-        return self._submit("load", list(block_hashes), gpu_ids, spec.block_ids, wait_event)
+        return self._submit(Direction.LOAD, list(block_hashes), gpu_ids, spec.block_ids, wait_event)
 
     def blocks_filled(
         self,
@@ -144,38 +145,37 @@ class KVOffloader:
 
     def _submit(self, direction, block_hashes, gpu_ids, host_ids, wait_event) -> int:
         job_id = next(self._job_ids)
-        try:
-            self.transfers.submit(job_id, direction, gpu_ids, host_ids, wait_event)
+        try:  # host ids come from the manager, sized to the pool: the gpu ids are checked
+            self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
         except Exception:
             self._settle(direction, block_hashes, success=False)
             raise
-        self._jobs[job_id] = _Job(direction, block_hashes)
+        self._jobs[job_id] = (direction, block_hashes)
         return job_id
 
-    def poll(self) -> list[tuple[int, bool]]:
-        """The jobs finished since the last poll, as (job id, success), with the manager updated."""
+    def poll(self) -> list[FinishedJob]:
+        """The jobs finished since the last poll, with the manager updated."""
         self._collect()
         finished, self._finished = self._finished, []
         return finished
 
     def wait(self, job_id: int) -> bool:
         """Block until the job finishes; returns its success. It is still reported by `poll`."""
-        if job_id not in self._jobs:
-            reported = [success for finished, success in self._finished if finished == job_id]
-            if reported:
-                return reported[0]
+        if job_id in self._jobs:
+            self.transfers.wait(job_id)
+            self._collect()
+        reported = [job.success for job in self._finished if job.job_id == job_id]
+        if not reported:
             raise KeyError(f"job {job_id!r} is not in flight")
-        self.transfers.wait(job_id)
-        self._collect()
-        return next(success for finished, success in self._finished if finished == job_id)
+        return reported[0]
 
-    def drain(self) -> list[tuple[int, bool]]:
+    def drain(self) -> list[FinishedJob]:
         """Wait for every job in flight (at shutdown, say); returns what `poll` would."""
         while self._jobs:
             self.wait(next(iter(self._jobs)))
         return self.poll()
 
-    def reset(self) -> list[tuple[int, bool]]:
+    def reset(self) -> list[FinishedJob]:
         """Forget every cached block, safely while jobs are in flight; returns what `poll` would.
 
         Jobs in flight are finished and settled first (stores made ready, loads' pins released),
@@ -188,13 +188,12 @@ class KVOffloader:
         return finished
 
     def _collect(self) -> None:
-        for job_id, success in self.transfers.get_finished():
-            job = self._jobs.pop(job_id)
-            self._settle(job.direction, job.block_hashes, success)
-            self._finished.append((job_id, success))
+        for job in self.transfers.get_finished():
+            self._settle(*self._jobs.pop(job.job_id), job.success)
+            self._finished.append(job)
 
-    def _settle(self, direction: str, block_hashes: list, success: bool) -> None:
-        if direction == "store":
+    def _settle(self, direction: Direction, block_hashes: list, success: bool) -> None:
+        if direction is Direction.STORE:
             self.manager.complete_store(block_hashes, success=success)
         else:
             self.manager.complete_load(block_hashes)
@@ -211,25 +210,18 @@ class KVOffloader:
     def jobs_in_flight(self) -> int:
         return len(self._jobs)
 
-    def _gpu_ids(
-        self, block_hashes: Sequence[BlockHash], gpu_block_ids: Sequence[int]
+    def _checked_gpu_ids(
+        self, direction: Direction, block_hashes: Sequence[BlockHash], gpu_block_ids: Any
     ) -> np.ndarray:
-        """The GPU ids as int64, checked before the manager commits to anything."""
-        gpu_ids = np.asarray(gpu_block_ids)
-        if gpu_ids.ndim != 1 or len(gpu_ids) != len(block_hashes):
+        """The GPU ids, checked before the manager commits to anything: one per hash, each a
+        GPU block, none repeated."""
+        gpu_ids = self.transfers.check_gpu_ids(direction, gpu_block_ids)
+        if len(gpu_ids) != len(block_hashes):
             raise ValueError(
-                f"gpu_block_ids must be 1-D and as long as block_hashes ({len(block_hashes)}), "
-                f"got shape {gpu_ids.shape}"
+                f"gpu_block_ids must be as long as block_hashes ({len(block_hashes)}), "
+                f"got {len(gpu_ids)}"
             )
-        if gpu_ids.size == 0:
-            return gpu_ids.astype(np.int64)
-        if not np.issubdtype(gpu_ids.dtype, np.integer):
-            raise TypeError(f"gpu_block_ids must be integers, got dtype {gpu_ids.dtype}")
-        limit = self.transfers.num_gpu_blocks
-        if gpu_ids.min() < 0 or gpu_ids.max() >= limit:
-            raise ValueError(
-                f"gpu_block_ids must lie in [0, {limit}), got {gpu_ids.min()}..{gpu_ids.max()}"
-            )
-        if len(np.unique(gpu_ids)) != len(gpu_ids):
+        # A load's GPU ids are its destinations, checked unique by the engine; a store's are not.
+        if direction is Direction.STORE and len(np.unique(gpu_ids)) != len(gpu_ids):
             raise ValueError("gpu_block_ids must not repeat a block")
-        return gpu_ids.astype(np.int64, copy=False)
+        return gpu_ids

@@ -37,11 +37,16 @@ class KVCache:
 
 
 def finish(engine, *job_ids) -> list:
-    """Wait for `job_ids`, then everything `get_finished` reports, sorted (a GPU runs jobs
-    asynchronously: a job is reported only once it has finished)."""
+    """Wait for `job_ids`, then everything `get_finished` reports as (job id, success), sorted (a
+    GPU runs jobs asynchronously: a job is reported only once it has finished)."""
     for job_id in job_ids:
         engine.wait(job_id)
-    return sorted(engine.get_finished())
+    return sorted(outcomes(engine.get_finished()))
+
+
+def outcomes(jobs) -> list:
+    """Finished jobs as (job id, success)."""
+    return [(job.job_id, job.success) for job in jobs]
 
 
 def random_array(rng: np.random.Generator, shape: tuple, dtype) -> np.ndarray:

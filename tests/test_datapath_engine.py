@@ -7,7 +7,6 @@ from numba import cuda
 from numbakv.datapath import (
     COMPILE_SECONDS,
     DEFAULT_MAX_THREAD_BLOCKS,
-    Direction,
     GPUFault,
     HostPool,
     TransferEngine,
@@ -15,7 +14,8 @@ from numbakv.datapath import (
     kernels,
     transfer,
 )
-from tests.datapath_cases import HOST_POISON, finish, make_cache
+from numbakv.jobs import Direction
+from tests.datapath_cases import HOST_POISON, finish, make_cache, outcomes
 
 
 @pytest.fixture
@@ -32,19 +32,19 @@ def _engine(cache, **options):
 
 def test_every_job_is_reported_once_with_its_bytes_and_time(cache):
     done = []
-    engine, _ = _engine(cache, on_job_done=lambda *report: done.append(report))
+    engine, _ = _engine(cache, on_job_done=done.append)
     engine.submit(1, Direction.STORE, np.arange(3), np.arange(3))
     engine.submit(2, "load", np.array([5]), np.array([0]))
     engine.submit(3, "store", np.empty(0, np.int64), np.empty(0, np.int64))
     assert finish(engine, 1, 2, 3) == [(1, True), (2, True), (3, True)]
     assert engine.get_finished() == []
     block_bytes = cache.layout.block_bytes
-    assert sorted(report[:3] for report in done) == [
+    assert sorted((job.job_id, job.direction, job.nbytes) for job in done) == [
         (1, Direction.STORE, 3 * block_bytes),
         (2, Direction.LOAD, block_bytes),
         (3, Direction.STORE, 0),
     ]
-    assert all(seconds >= 0 and success for *_, seconds, success in done)
+    assert all(job.seconds >= 0 and job.success for job in done)
 
 
 def test_wait_returns_success_and_leaves_reporting_to_get_finished(cache):
@@ -52,7 +52,7 @@ def test_wait_returns_success_and_leaves_reporting_to_get_finished(cache):
     engine.submit("job", "store", [0], [0])
     assert engine.wait("job") is True
     assert engine.wait("job") is True
-    assert engine.get_finished() == [("job", True)]
+    assert outcomes(engine.get_finished()) == [("job", True)]
     with pytest.raises(KeyError):
         engine.wait("job")
 
@@ -86,7 +86,7 @@ def test_load_exposes_its_completion_event(cache):
     engine.completion_event(1).wait(compute)
     engine.wait(1)
     assert engine.completion_event(1) is None
-    assert engine.get_finished() == [(1, True)]
+    assert outcomes(engine.get_finished()) == [(1, True)]
 
 
 def test_completion_event_is_none_once_the_job_is_reported(cache):
@@ -135,7 +135,7 @@ def test_a_gpu_fault_raises_one_clear_error_and_reports_nothing(cache, monkeypat
     """Issue 23, item 7: a kernel fault (an illegal address) breaks the CUDA context for good;
     the engine says so, on every later call, instead of reporting jobs as finished."""
     done = []
-    engine, _ = _engine(cache, on_job_done=lambda *report: done.append(report))
+    engine, _ = _engine(cache, on_job_done=done.append)
     engine.submit(1, "store", [0], [0])
     engine.submit(2, "load", [1], [1])
 

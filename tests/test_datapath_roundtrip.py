@@ -5,7 +5,14 @@ import pytest
 from numba import cuda
 
 from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine, kernels
-from tests.datapath_cases import GPU_POISON, HOST_POISON, KVCache, make_cache, random_array
+from tests.datapath_cases import (
+    GPU_POISON,
+    HOST_POISON,
+    KVCache,
+    make_cache,
+    outcomes,
+    random_array,
+)
 
 NUM_HOST_BLOCKS = 6
 
@@ -34,7 +41,7 @@ def _round_trip(cache: KVCache, rng: np.random.Generator, count: int) -> None:
     load_gpu_ids = rng.permutation(cache.layout.num_blocks)[:count]
     engine.submit("load", "load", load_gpu_ids, host_ids)
     assert engine.wait("load")
-    assert sorted(engine.get_finished()) == [("load", True), ("store", True)]
+    assert sorted(outcomes(engine.get_finished())) == [("load", True), ("store", True)]
 
     restored = cache.host_copies()
     poisoned = [

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -74,10 +75,10 @@ def _fail_first_store(engine: Engine) -> None:
     transfer_engine = engine.worker.transfers.engines[0]
     report, seen = transfer_engine.on_job_done, []
 
-    def on_job_done(job_id, direction, nbytes, seconds, success):
-        failed = direction == "store" and not seen
-        seen.append(job_id)
-        report(job_id, direction, nbytes, seconds, success and not failed)
+    def on_job_done(job):
+        failed = job.direction == "store" and not seen
+        seen.append(job.job_id)
+        report(replace(job, success=job.success and not failed))
 
     transfer_engine.on_job_done = on_job_done
 

@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from numbakv.integrations.vllm.transfers import ChunkTransfers, torch_block_arrays
+from numbakv.datapath import ChunkTransfers
+from numbakv.integrations.vllm.tensors import torch_block_arrays
 
 NUM_BLOCKS = 64
 NUM_CHUNKS = 48
@@ -62,7 +63,7 @@ def test_store_and_load_are_byte_exact_against_torch_indexing(blocks_per_chunk):
 
     transfers.submit(1, "store", store_ids.astype(np.int32), sizes, firsts, chunk_ids)
     transfers.wait([1])
-    assert [(job.job_id, job.success) for job in transfers.finished()] == [(1, True)]
+    assert [(job.job_id, job.success) for job in transfers.get_finished()] == [(1, True)]
     pool = transfers.pools[3 * PAGE]  # group 0's
     skip = firsts[0] % blocks_per_chunk
     group0_hosts = (
@@ -77,7 +78,7 @@ def test_store_and_load_are_byte_exact_against_torch_indexing(blocks_per_chunk):
     load_ids = rng.permutation(NUM_BLOCKS)[: sum(sizes)]
     transfers.submit(2, "load", load_ids.astype(np.int32), sizes, firsts, chunk_ids)
     transfers.wait([2])
-    transfers.finished()
+    transfers.get_finished()
     for refs, at in zip(GROUPS, (slice(0, 9), slice(9, 15))):
         np.testing.assert_array_equal(
             _group_rows(tensors, refs, load_ids[at]), _group_rows(original, refs, store_ids[at])

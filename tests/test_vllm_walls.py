@@ -33,7 +33,7 @@ def test_only_the_integrations_import_an_engine_or_torch():
 
 
 def test_the_workers_transfer_core_imports_neither_vllm_nor_torch_at_load():
-    source = ROOT / "numbakv" / "integrations" / "vllm" / "transfers.py"
+    source = ROOT / "numbakv" / "datapath" / "chunks.py"
     tree = ast.parse(source.read_text())
     top_level = {
         alias.name.split(".")[0]

@@ -4,18 +4,17 @@ One CUDA stream per direction, so a store (GPU -> host) and a load (host -> GPU)
 time on the full-duplex link. The streams never synchronise with the default stream: a job is
 ordered after the engine's compute only by the `wait_event` the caller gives. A job is one kernel
 launch whatever its number of blocks and layers; submitting costs a few vectorised NumPy checks
-and four driver calls (two event records, the id upload, the launch). Completion is polled
-(`get_finished`) or awaited (`wait`, which sleeps rather than spins); every job is reported
-exactly once by `get_finished`. Not thread-safe: call it from the thread that owns the engine's
-GPU work.
+(`numbakv.datapath.validation`) and four driver calls (two event records, the id upload, the
+launch). Completion is polled (`get_finished`) or awaited (`wait`, which sleeps rather than
+spins); every job is reported exactly once by `get_finished`, as a `numbakv.jobs.FinishedJob`.
+Not thread-safe: call it from the thread that owns the engine's GPU work.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -37,23 +36,14 @@ from numbakv.datapath._device import (
 )
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
+from numbakv.datapath.validation import UniqueCheck, as_ids, check_range
+from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 DEFAULT_MAX_THREAD_BLOCKS = 16
 """Thread blocks a job may hold by default. A plain copy kernel with 16 blocks of 1024 threads
 reached 51-52 GB/s on an H100 (8 blocks: 34-43 GB/s); these kernels keep four times its bytes in
 flight per thread, and 16 blocks leave the other SMs to the engine's kernels and the other
 direction's job."""
-
-
-class Direction(str, Enum):
-    """Which way a job moves blocks; plain strings "store" and "load" are accepted too."""
-
-    STORE = "store"  # GPU -> host (gather)
-    LOAD = "load"  # host -> GPU (scatter)
-
-
-JobDoneCallback = Callable[[Hashable, Direction, int, float, bool], None]
-"""on_job_done(job_id, direction, nbytes, seconds, success), called once per finished job."""
 
 
 class GPUFault(RuntimeError):
@@ -77,7 +67,9 @@ class _Slot:
 
 
 @dataclass(eq=False, slots=True)
-class _Job:
+class _InFlight:
+    """A queued job until it is reaped."""
+
     job_id: Hashable
     direction: Direction
     nbytes: int
@@ -88,7 +80,7 @@ class _Lane:
     """One direction: its stream, launcher, device id buffer and a ring of job slots.
 
     A job's destinations are unique, so it has at most `num_destinations` pairs: that sizes the
-    id buffers once, and `destination_stamps` serves the duplicate check without allocating.
+    id buffers once.
     """
 
     def __init__(
@@ -116,8 +108,7 @@ class _Lane:
         self.dependency = new_event(timing=False)
         self.dependency_at = handle_of(self.dependency)
         self.free_slots = [self._slot(num_destinations) for _ in range(max_jobs_in_flight)]
-        self.in_flight: deque[_Job] = deque()
-        self.destination_stamps = np.empty(num_destinations, dtype=np.int64)
+        self.in_flight: deque[_InFlight] = deque()
 
     @staticmethod
     def _slot(num_destinations: int) -> _Slot:
@@ -186,9 +177,10 @@ class TransferEngine:
         }
         self._event_type = type(self._lanes[Direction.STORE].dependency)
         self._stream_type = type(self._lanes[Direction.STORE].stream)
-        self._positions = np.arange(max(host_pool.num_blocks, layout.num_blocks), dtype=np.int64)
-        self._jobs: dict[Hashable, _Job] = {}
-        self._finished: list[Hashable] = []
+        self._unique_host_ids = UniqueCheck(host_pool.num_blocks)
+        self._unique_gpu_ids = UniqueCheck(layout.num_blocks)
+        self._jobs: dict[Hashable, _InFlight] = {}
+        self._finished: list[FinishedJob] = []
         self._fault: str | None = None
 
     def submit(
@@ -208,28 +200,52 @@ class TransferEngine:
         that queued kernels still read. Without it the job starts at once. Everything is
         validated before any memory is touched; on error nothing is queued.
         """
+        self.enqueue(
+            job_id,
+            direction,
+            self.check_gpu_ids(direction, gpu_block_ids),
+            self.check_host_ids(direction, host_block_ids),
+            wait_event,
+        )
+
+    def check_gpu_ids(self, direction: Direction | str, gpu_block_ids: Any) -> np.ndarray:
+        """`gpu_block_ids` as int64, each a GPU block; unique where they are destinations (a load)."""
+        ids = as_ids("gpu_block_ids", gpu_block_ids)
+        check_range("gpu_block_ids", ids, self.layout.num_blocks)
+        if self._lane(direction).direction is Direction.LOAD:
+            self._unique_gpu_ids("gpu_block_ids", ids)
+        return ids
+
+    def check_host_ids(self, direction: Direction | str, host_block_ids: Any) -> np.ndarray:
+        """`host_block_ids` as int64, each a host block; unique where they are destinations (a store)."""
+        ids = as_ids("host_block_ids", host_block_ids)
+        check_range("host_block_ids", ids, self.host_pool.num_blocks)
+        if self._lane(direction).direction is Direction.STORE:
+            self._unique_host_ids("host_block_ids", ids)
+        return ids
+
+    def enqueue(
+        self,
+        job_id: Hashable,
+        direction: Direction | str,
+        gpu_ids: np.ndarray,
+        host_ids: np.ndarray,
+        wait_event: Any = None,
+    ) -> None:
+        """`submit` for ids already checked (by `check_gpu_ids` and `check_host_ids`, or host ids
+        from a manager no larger than this pool): only the job itself is checked here."""
         self._raise_if_faulted()
-        lane = self._lanes.get(direction) if isinstance(direction, str) else None
-        if lane is None:
-            raise ValueError(f"direction must be 'store' or 'load', got {direction!r}")
+        lane = self._lane(direction)
         if job_id in self._jobs:
             raise ValueError(
                 f"job_id {job_id!r} is already in flight (or finished and not yet reported)"
             )
-        gpu_ids = as_ids("gpu_block_ids", gpu_block_ids)
-        host_ids = as_ids("host_block_ids", host_block_ids)
         count = len(gpu_ids)
         if count != len(host_ids):
             raise ValueError(
                 f"gpu_block_ids has {count} ids, host_block_ids has {len(host_ids)}: lengths must match"
             )
-        check_range("gpu_block_ids", gpu_ids, self.layout.num_blocks)
-        check_range("host_block_ids", host_ids, self.host_pool.num_blocks)
         dependency = self._dependency(wait_event)
-        if lane.direction is Direction.STORE:
-            self._check_unique("host_block_ids", host_ids, lane.destination_stamps)
-        else:
-            self._check_unique("gpu_block_ids", gpu_ids, lane.destination_stamps)
 
         slot = self._take_slot(lane)
         try:
@@ -256,22 +272,28 @@ class TransferEngine:
         except BaseException:
             lane.free_slots.append(slot)  # nothing was queued for good: the slot is free again
             raise
-        job = _Job(job_id, lane.direction, count * self.layout.block_bytes, slot)
+        job = _InFlight(job_id, lane.direction, count * self.layout.block_bytes, slot)
         lane.in_flight.append(job)
         self._jobs[job_id] = job
 
-    def get_finished(self) -> list[tuple[Hashable, bool]]:
-        """Jobs finished since the last call, as (job_id, success); never blocks.
+    def _lane(self, direction: Direction | str) -> _Lane:
+        lane = self._lanes.get(direction) if isinstance(direction, str) else None
+        if lane is None:
+            raise ValueError(f"direction must be 'store' or 'load', got {direction!r}")
+        return lane
 
-        success is always True here: a job that fails on the GPU raises `GPUFault` instead.
+    def get_finished(self) -> list[FinishedJob]:
+        """Jobs finished since the last call, in the order they finished; never blocks.
+
+        Each succeeded: a job that fails on the GPU raises `GPUFault` instead.
         """
         self._raise_if_faulted()
         for lane in self._lanes.values():
             self._reap(lane, block_until=None)
         finished, self._finished = self._finished, []
-        for job_id in finished:
-            del self._jobs[job_id]
-        return [(job_id, True) for job_id in finished]
+        for job in finished:
+            del self._jobs[job.job_id]
+        return finished
 
     def wait(self, job_id: Hashable) -> bool:
         """Block (sleeping) until `job_id` has finished; True (get_finished still reports it)."""
@@ -285,6 +307,10 @@ class TransferEngine:
     def num_gpu_blocks(self) -> int:
         return self.layout.num_blocks
 
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host_pool.num_blocks
+
     def completion_event(self, job_id: Hashable) -> Any | None:
         """An event the compute stream can wait on (`event.wait(stream)`) before using loaded blocks.
 
@@ -293,23 +319,13 @@ class TransferEngine:
         job = self._jobs.get(job_id)
         return None if job is None or job.slot is None else job.slot.end
 
-    def _job(self, job_id: Hashable) -> _Job:
+    def _job(self, job_id: Hashable) -> _InFlight:
         job = self._jobs.get(job_id)
         if job is None:
             raise KeyError(
                 f"unknown job_id {job_id!r}: not submitted, or already reported by get_finished"
             )
         return job
-
-    def _check_unique(self, name: str, ids: np.ndarray, stamps: np.ndarray) -> None:
-        """Raise if `ids` repeats a value: each id stamps its position; a repeat overwrites one."""
-        message = f"{name} are this job's destinations and must be unique, got a repeated id"
-        if len(ids) > len(stamps):  # more ids than destinations: some must repeat
-            raise ValueError(message)
-        positions = self._positions[: len(ids)]
-        stamps[ids] = positions
-        if (stamps[ids] != positions).any():
-            raise ValueError(message)
 
     def _dependency(self, wait_event: Any) -> tuple[int, bool] | None:
         """`wait_event` as (raw handle, is a stream), None if there is nothing to wait for."""
@@ -342,7 +358,7 @@ class TransferEngine:
             self._reap(lane, block_until=lane.in_flight[0])
         return lane.free_slots.pop()
 
-    def _reap(self, lane: _Lane, block_until: _Job | None) -> None:
+    def _reap(self, lane: _Lane, block_until: _InFlight | None) -> None:
         """Retire the lane's finished jobs in order (they finish in order on one stream)."""
         while lane.in_flight:
             job = lane.in_flight[0]
@@ -363,9 +379,10 @@ class TransferEngine:
             lane.in_flight.popleft()
             job.slot = None
             lane.free_slots.append(slot)
-            self._finished.append(job.job_id)
+            finished = FinishedJob(job.job_id, job.direction, True, job.nbytes, seconds)
+            self._finished.append(finished)
             if self.on_job_done is not None:
-                self.on_job_done(job.job_id, job.direction, job.nbytes, seconds, True)
+                self.on_job_done(finished)
             if job is block_until:
                 return
 
@@ -387,25 +404,3 @@ def _check_same_device(layout: KVLayout, host_pool: HostPool) -> None:
             f"{layout.device}: make the pool with the cache's device current"
         )
 
-
-def as_ids(name: str, ids: Any) -> np.ndarray:
-    """`ids` as a 1-D int64 array: integer NumPy arrays as they are, lists converted once."""
-    if not isinstance(ids, np.ndarray):
-        if not isinstance(ids, (list, tuple)):
-            raise TypeError(
-                f"{name} must be an integer NumPy array or a list of ints, got {type(ids).__name__}"
-            )
-        ids = np.asarray(ids) if len(ids) else np.empty(0, dtype=np.int64)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers (int64 or int32), got dtype {ids.dtype}")
-    if ids.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
-    return ids.astype(np.int64, copy=False)
-
-
-def check_range(name: str, ids: np.ndarray, limit: int) -> None:
-    """Every id in [0, `limit`), else an IndexError naming `name` and the first bad id."""
-    # One pass: as unsigned, a negative id is larger than any limit.
-    if len(ids) and ids.view(np.uint64).max() >= limit:
-        bad = ids[(ids < 0) | (ids >= limit)][0]
-        raise IndexError(f"{name} must lie in [0, {limit}), got {bad}")

@@ -1,7 +1,7 @@
 """vLLM's worker side: its `OffloadingWorker` interface over numbakv's kernels.
 
-The work is `ChunkTransfers`' (numbakv.integrations.vllm.transfers); this adapter turns vLLM's
-specs into its calls and its finished jobs into vLLM's `TransferResult`s. A job that cannot be
+The work is the data path's `ChunkTransfers`; this adapter reaches vLLM's KV tensors zero-copy,
+turns vLLM's specs into its calls and its finished jobs into vLLM's `TransferResult`s. A job that cannot be
 queued is refused (`False`, nothing moved); a job that fails is reported with `success=False`.
 """
 
@@ -18,10 +18,11 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from numbakv.datapath import Direction
+from numbakv.datapath import ChunkTransfers
 from numbakv.integrations.vllm.config import Settings
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
-from numbakv.integrations.vllm.transfers import ChunkTransfers, torch_block_arrays
+from numbakv.integrations.vllm.tensors import torch_block_arrays
+from numbakv.jobs import Direction
 from numbakv.metrics import OffloadMetrics
 
 logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
@@ -118,7 +119,7 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         results = []
-        for job in self.transfers.finished():
+        for job in self.transfers.get_finished():
             if not job.success:
                 logger.error("numbakv: transfer job %d failed", job.job_id)
             results.append(TransferResult(job.job_id, job.success, job.nbytes, job.seconds))
@@ -132,3 +133,4 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
         self.transfers.drain()
         if self.metrics is not None:
             self.metrics.close()
+

@@ -1,10 +1,12 @@
-"""The vLLM worker's transfer core on the CUDA simulator: vLLM's chunk placement, byte for byte.
+"""The grouped-chunk transfer core of vLLM's worker: vLLM's chunk placement, byte for byte.
 
-`ChunkTransfers` needs neither vLLM nor torch (the canonical tensors are NumPy arrays here, as the
-worker makes of vLLM's CPU tensors), so these tests run wherever numbakv's own tests do.
+`ChunkTransfers` needs neither vLLM nor torch: the canonical tensors are Numba device arrays
+here, so these tests run on the simulator and on a GPU alike.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
-from numbakv.integrations.vllm.transfers import ChunkTransfers
-from tests.datapath_cases import GPU_POISON, HOST_POISON, random_array
+from numbakv.datapath import ChunkTransfers
+from tests.datapath_cases import GPU_POISON, HOST_POISON, outcomes, random_array
 
 NUM_GPU_BLOCKS = 16
 NUM_CHUNKS = 12
@@ -31,8 +33,12 @@ GROUPINGS = {
 }
 
 
-def _tensors(rng: np.random.Generator) -> list[np.ndarray]:
-    return [random_array(rng, (NUM_GPU_BLOCKS, size), np.uint8) for size in TENSOR_BYTES]
+def _tensors(rng: np.random.Generator) -> list:
+    return [cuda.to_device(random_array(rng, (NUM_GPU_BLOCKS, size), np.uint8)) for size in TENSOR_BYTES]
+
+
+def _on_host(tensors) -> list[np.ndarray]:
+    return [tensor.copy_to_host() for tensor in tensors]
 
 
 def _transfers(tensors, groups, blocks_per_chunk, **options) -> ChunkTransfers:
@@ -83,14 +89,14 @@ def jobs(draw):
 def test_store_then_load_places_every_block_as_vllm_does(job, seed):
     groups, blocks_per_chunk, sizes, firsts, chunk_ids, store_ids, load_ids = job
     tensors = _tensors(np.random.default_rng(seed))
-    original = [tensor.copy() for tensor in tensors]
+    original = _on_host(tensors)
     transfers = _transfers(tensors, groups, blocks_per_chunk)
     placement, _ = vllm_placement(sizes, firsts, chunk_ids, blocks_per_chunk)
     chunk_array = np.array(chunk_ids, dtype=np.int64)
 
     transfers.submit(1, "store", np.array(store_ids, np.int32), sizes, firsts, chunk_array)
     transfers.wait([1])
-    (stored,) = transfers.finished()
+    (stored,) = transfers.get_finished()
     assert stored.job_id == 1 and stored.success
     for group, at, chunk, within in placement:
         pool = transfers.pools[transfers.layouts[group].block_bytes]
@@ -103,12 +109,12 @@ def test_store_then_load_places_every_block_as_vllm_does(job, seed):
         tensor[:] = GPU_POISON
     transfers.submit(2, "load", np.array(load_ids, np.int32), sizes, firsts, chunk_array)
     transfers.wait([2])
-    assert [job.job_id for job in transfers.finished()] == [2]
-    expected = [np.full_like(tensor, GPU_POISON) for tensor in tensors]
+    assert [job.job_id for job in transfers.get_finished()] == [2]
+    expected = [np.full_like(tensor, GPU_POISON) for tensor in original]
     for group, at, _, _ in placement:
         for t, page in groups[group]:
             expected[t][load_ids[at], :page] = original[t][store_ids[at], :page]
-    for tensor, want in zip(tensors, expected):  # padding and other groups' bytes untouched
+    for tensor, want in zip(_on_host(tensors), expected):  # padding, other groups untouched
         np.testing.assert_array_equal(tensor, want)
 
 
@@ -141,7 +147,7 @@ def test_a_job_that_does_not_fit_is_refused_before_anything_moves(
     sizes, firsts, chunk_ids, gpu_ids, directions, error, match
 ):
     tensors = _tensors(np.random.default_rng(1))
-    original = [tensor.copy() for tensor in tensors]
+    original = _on_host(tensors)
     transfers = _transfers(tensors, GROUPINGS["one group"], 1)
     for direction in directions:
         with pytest.raises(error, match=match):
@@ -149,11 +155,11 @@ def test_a_job_that_does_not_fit_is_refused_before_anything_moves(
         assert transfers.jobs_in_flight == 0
     (pool,) = transfers.pools.values()
     assert (pool.blocks == HOST_POISON).all()
-    for tensor, before in zip(tensors, original):
+    for tensor, before in zip(_on_host(tensors), original):
         np.testing.assert_array_equal(tensor, before)
     transfers.submit(7, "store", np.array([0, 1]), [2], [0], np.array([0, 1]))  # the id is free
     transfers.drain()
-    assert [job.job_id for job in transfers.finished()] == [7]
+    assert [job.job_id for job in transfers.get_finished()] == [7]
 
 
 def _failing_first_job(engine) -> None:
@@ -161,9 +167,9 @@ def _failing_first_job(engine) -> None:
     report = engine.on_job_done
     failed = []
 
-    def on_job_done(job_id, direction, nbytes, seconds, success):
-        report(job_id, direction, nbytes, seconds, success and bool(failed))
-        failed.append(job_id)
+    def on_job_done(job):
+        report(replace(job, success=job.success and bool(failed)))
+        failed.append(job.job_id)
 
     engine.on_job_done = on_job_done
 
@@ -175,23 +181,24 @@ def test_a_failed_store_is_reported_and_its_chunks_are_not_loadable_until_stored
     chunks = np.array([4, 5])
     transfers.submit(1, "store", np.array([0, 1, 2]), [3], [0], chunks)
     transfers.drain()
-    assert [(job.job_id, job.success) for job in transfers.finished()] == [(1, False)]
+    assert outcomes(transfers.get_finished()) == [(1, False)]
 
-    before = [tensor.copy() for tensor in tensors]
+    before = _on_host(tensors)
     for load in ([5], [4, 5]):
         with pytest.raises(ValueError, match=r"host chunks \[5\]|host chunks \[4, 5\]"):
             transfers.submit(2, "load", np.arange(len(load)), [len(load)], [0], np.array(load))
-    for tensor, unchanged in zip(tensors, before):
+    for tensor, unchanged in zip(_on_host(tensors), before):
         np.testing.assert_array_equal(tensor, unchanged)
     transfers.submit(3, "load", np.array([0, 1]), [2], [0], np.array([6]))  # other chunks load
 
     transfers.submit(4, "store", np.array([3, 4, 5, 6]), [4], [0], chunks)
     transfers.drain()
-    assert [(job.job_id, job.success) for job in transfers.finished()] == [(3, True), (4, True)]
+    assert outcomes(transfers.get_finished()) == [(3, True), (4, True)]
     transfers.submit(5, "load", np.array([8, 9, 10, 11]), [4], [0], chunks)
     transfers.drain()
+    after = _on_host(tensors)
     for t in (0, 2):
-        np.testing.assert_array_equal(tensors[t][8:12], before[t][3:7])
+        np.testing.assert_array_equal(after[t][8:12], before[t][3:7])
 
 
 def test_a_job_of_two_groups_is_one_job_to_the_metrics():
@@ -200,31 +207,51 @@ def test_a_job_of_two_groups_is_one_job_to_the_metrics():
         _tensors(np.random.default_rng(6)),
         GROUPINGS["two groups, two pools"],
         1,
-        on_job_done=lambda *job: done.append(job),
+        on_job_done=done.append,
     )
     transfers.submit(1, "store", np.array([0, 1, 2]), [2, 1], [0, 0], np.array([3, 4, 5]))
     transfers.drain()
     block_bytes = [layout.block_bytes for layout in transfers.layouts]
-    assert [job[:3] for job in done] == [(1, "store", 2 * block_bytes[0] + block_bytes[1])]
-    assert done[0][4] is True
+    assert [(job.job_id, job.direction, job.nbytes) for job in done] == [
+        (1, "store", 2 * block_bytes[0] + block_bytes[1])
+    ]
+    assert done[0].success is True
 
 
-def test_a_job_refused_half_way_waits_for_its_queued_part_and_reports_nothing():
+def test_a_later_group_that_does_not_fit_is_refused_before_any_group_moves():
     done = []
-    tensors = _tensors(np.random.default_rng(3))
     transfers = _transfers(
-        tensors,
+        _tensors(np.random.default_rng(3)),
         GROUPINGS["two groups, two pools"],
         1,
-        on_job_done=lambda *job: done.append(job),
+        on_job_done=done.append,
     )
-    # Group 0's part is queued; group 1's names a GPU block past the end and is refused.
-    with pytest.raises(IndexError, match="gpu_block_ids"):
+    with pytest.raises(IndexError, match="gpu_block_ids"):  # group 1 names a block past the end
         transfers.submit(
             1, "store", np.array([0, NUM_GPU_BLOCKS]), [1, 1], [0, 0], np.array([2, 3])
         )
+    assert transfers.jobs_in_flight == 0 and transfers.get_finished() == [] and done == []
+    assert all((pool.blocks == HOST_POISON).all() for pool in transfers.pools.values())
+
+
+def test_a_job_refused_half_way_waits_for_its_queued_part_and_reports_nothing(monkeypatch):
+    done = []
+    transfers = _transfers(
+        _tensors(np.random.default_rng(3)),
+        GROUPINGS["two groups, two pools"],
+        1,
+        on_job_done=done.append,
+    )
+
+    def driver_error(*_args):
+        raise RuntimeError("injected driver failure")
+
+    # Group 0's part is queued; group 1's engine fails to queue its part.
+    monkeypatch.setattr(transfers.engines[1], "enqueue", driver_error)
+    with pytest.raises(RuntimeError, match="injected"):
+        transfers.submit(1, "store", np.array([0, 1]), [1, 1], [0, 0], np.array([2, 3]))
     assert transfers.jobs_in_flight == 0
-    assert transfers.finished() == [] and done == []
+    assert transfers.get_finished() == [] and done == []
     with pytest.raises(ValueError, match="not stored completely"):  # group 0 wrote chunk 2
         transfers.submit(2, "load", np.array([0]), [1, 0], [0, 0], np.array([2]))
 
@@ -234,7 +261,7 @@ def test_an_empty_job_is_reported_like_any_other():
     empty = np.empty(0, dtype=np.int64)
     transfers.submit(1, "load", empty, [0], [0], empty)
     transfers.wait({1, 99})  # unknown jobs are skipped
-    assert transfers.finished()[0].job_id == 1
+    assert transfers.get_finished()[0].job_id == 1
     assert transfers.jobs_in_flight == 0
 
 
@@ -249,18 +276,18 @@ def test_every_job_waits_for_the_compute_stream():
         _tensors(np.random.default_rng(5)), GROUPINGS["one group"], 1, compute_stream=compute_stream
     )
     engine, waited_for = transfers.engines[0], []
-    submit = engine.submit
+    enqueue = engine.enqueue
 
-    def recording_submit(*args):
+    def recording_enqueue(*args):
         waited_for.append(args[-1])
-        return submit(*args)
+        return enqueue(*args)
 
-    engine.submit = recording_submit
+    engine.enqueue = recording_enqueue
     transfers.submit(1, "store", np.array([0]), [1], [0], np.array([0]))
     transfers.submit(2, "load", np.array([1]), [1], [0], np.array([0]))
     transfers.drain()
     assert waited_for == streams and len(streams) == 2
-    assert [job.success for job in transfers.finished()] == [True, True]
+    assert [job.success for job in transfers.get_finished()] == [True, True]
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,13 @@
-"""Moving vLLM's offloaded chunks between its KV caches and numbakv's host pools, zero-copy.
+"""Chunks of blocks from several KV cache groups, moved as one job: the core of vLLM's worker.
 
-vLLM hands a worker its KV caches as canonical tensors, each `[num_blocks, page_bytes]` bytes, and
-says which tensors, and how many bytes of each page, every KV cache group uses. A job names GPU
-blocks group by group, and host chunks; a chunk holds `blocks_per_chunk` consecutive blocks of one
-group of one request. Here each group is one numbakv `KVLayout` (its tensors as block-major byte
-arrays) with its own `TransferEngine`, and a host block holds one GPU block of the group, so chunk
-c is host blocks `[c * k, c * k + k)`. Groups whose blocks are equally large share one host pool:
-a chunk belongs to one key, hence to one group, at a time.
-
-Imports neither vLLM nor (at module level) torch: the GPU tests drive it with torch tensors and
-the simulator tests with NumPy arrays, through the same code as vLLM's worker.
+An engine with KV cache groups (vLLM's hybrid models) keeps each group's pages in canonical byte
+tensors, `[num_blocks, page_bytes]`, and says which tensors, and how many bytes of each page, each
+group uses. A job names GPU blocks group by group, and host chunks; a chunk holds
+`blocks_per_chunk` consecutive blocks of one group of one request. Here each group is one
+`KVLayout` (its tensors as block-major byte arrays) with its own `TransferEngine`, and a host block
+holds one GPU block of the group, so chunk c is host blocks `[c * k, c * k + k)`. Groups whose
+blocks are equally large share one host pool: a chunk belongs to one key, hence to one group, at a
+time. Engine-agnostic: the vLLM adapter (numbakv.integrations.vllm.worker) maps vLLM's specs to it.
 """
 
 from __future__ import annotations
@@ -21,32 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from numbakv.datapath import (
-    Direction,
-    HostPool,
-    JobDoneCallback,
-    KVLayout,
-    LayoutKind,
-    TransferEngine,
-)
-from numbakv.datapath.transfer import as_ids, check_range
+from numbakv.datapath.host_pool import HostPool
+from numbakv.datapath.layouts import KVLayout, LayoutKind
+from numbakv.datapath.transfer import TransferEngine
+from numbakv.datapath.validation import as_ids, check_range
+from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 GroupRefs = Sequence[tuple[int, int]]
 """One KV cache group's data: (index of a canonical tensor, bytes of each page it uses) per layer."""
 
 
-@dataclass(frozen=True)
-class FinishedJob:
-    """A job whose every part has finished: bytes moved and the slowest part's seconds."""
-
-    job_id: int
-    success: bool
-    nbytes: int
-    seconds: float
-
-
 @dataclass(eq=False)
-class _Job:
+class _InFlight:
+    """A job until its every group's part has finished: bytes moved, the slowest part's seconds."""
+
     direction: Direction
     chunk_ids: np.ndarray
     pending: set[int]  # groups whose part has not finished
@@ -56,12 +42,13 @@ class _Job:
 
 
 class ChunkTransfers:
-    """Stores and loads vLLM's chunks with one numbakv transfer engine per KV cache group.
+    """Stores and loads chunks with one transfer engine per KV cache group.
 
-    `block_arrays[t]` is canonical tensor t as a 2-D byte array `[num_blocks, page_bytes]` (a CUDA
-    tensor or, on the CUDA simulator, a NumPy view). `compute_stream()` gives the stream whose
-    queued work every job waits for: a store must not read blocks the model is still writing, and
-    a load must not overwrite blocks queued kernels still read (or are zeroing).
+    `block_arrays[t]` is canonical tensor t as a 2-D byte array `[num_blocks, page_bytes]` (any
+    GPU array with `__cuda_array_interface__`; on the CUDA simulator, a NumPy array too).
+    `compute_stream()` gives the stream whose queued work every job waits for: a store must not
+    read blocks the model is still writing, and a load must not overwrite blocks queued kernels
+    still read (or are zeroing).
 
     A store that fails leaves its chunks marked unloadable until a later store to them succeeds:
     whatever the scheduler does with the failure, no half-written chunk is ever loaded.
@@ -108,8 +95,8 @@ class ChunkTransfers:
         ]
         self._sub_blocks = np.arange(blocks_per_chunk, dtype=np.int64)
         self._unloadable = np.zeros(num_chunks, dtype=bool)
-        self._jobs: dict[int, _Job] = {}
-        self._done: list[int] = []
+        self._jobs: dict[int, _InFlight] = {}
+        self._done: list[FinishedJob] = []
 
     @property
     def host_bytes(self) -> int:
@@ -127,9 +114,8 @@ class ChunkTransfers:
         """Queue one job: group g's `group_sizes[g]` GPU blocks, the first being block
         `block_indices[g]` of its request, to or from the chunks that hold them, in order.
 
-        Raises (ValueError, IndexError, TypeError) if the job does not fit, checked before any
-        memory is touched; should a later group's part be refused by its engine, the parts already
-        queued are waited for, and the job is never reported.
+        Raises (ValueError, IndexError, TypeError) if the job does not fit, checked for every
+        group before any memory is touched.
         """
         direction = Direction(direction)
         if job_id in self._jobs:
@@ -139,14 +125,23 @@ class ChunkTransfers:
         if direction is Direction.LOAD and self._unloadable[chunk_ids].any():
             bad = chunk_ids[self._unloadable[chunk_ids]]
             raise ValueError(f"host chunks {bad.tolist()} were not stored completely: not loadable")
-        parts = self._parts(np.asarray(gpu_block_ids), group_sizes, block_indices, chunk_ids)
+        parts = [
+            (
+                group,
+                self.engines[group].check_gpu_ids(direction, gpu_ids),
+                self.engines[group].check_host_ids(direction, host_ids),
+            )
+            for group, gpu_ids, host_ids in self._parts(
+                np.asarray(gpu_block_ids), group_sizes, block_indices, chunk_ids
+            )
+        ]
         wait_event = None if self._compute_stream is None else self._compute_stream()
-        job = _Job(direction, chunk_ids, pending={group for group, _, _ in parts})
+        job = _InFlight(direction, chunk_ids, pending={group for group, _, _ in parts})
         self._jobs[job_id] = job
         queued: list[int] = []
         try:
             for group, gpu_ids, host_ids in parts:
-                self.engines[group].submit(job_id, direction, gpu_ids, host_ids, wait_event)
+                self.engines[group].enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
                 queued.append(group)
         except BaseException:
             self._abandon(job_id, queued)
@@ -192,8 +187,8 @@ class ChunkTransfers:
         return parts or [(0, gpu_ids, chunk_ids)]
 
     def _abandon(self, job_id: int, queued: list[int]) -> None:
-        """A job refused half-way: wait for its queued parts, report none (the refused part stays
-        pending), and if it stored anything, mark its chunks unloadable."""
+        """A job a later group's engine could not queue (a CUDA error): wait for its queued parts,
+        report none, and if it stored anything, mark its chunks unloadable."""
         job = self._jobs[job_id]
         for group in queued:
             self.engines[group].wait(job_id)
@@ -201,31 +196,28 @@ class ChunkTransfers:
             self._unloadable[job.chunk_ids] = True
         del self._jobs[job_id]
 
-    def _part_done(
-        self, group: int, job_id: int, direction: Direction, nbytes: int, seconds: float, ok: bool
-    ) -> None:
-        job = self._jobs[job_id]
+    def _part_done(self, group: int, part: FinishedJob) -> None:
+        job = self._jobs[part.job_id]
         job.pending.discard(group)
-        job.nbytes += nbytes
-        job.seconds = max(job.seconds, seconds)
-        job.success = job.success and ok
+        job.nbytes += part.nbytes
+        job.seconds = max(job.seconds, part.seconds)
+        job.success = job.success and part.success
         if not job.pending:
-            self._done.append(job_id)
+            finished = FinishedJob(part.job_id, job.direction, job.success, job.nbytes, job.seconds)
+            self._done.append(finished)
             if self._on_job_done is not None:  # once per job, as the engines' callers expect
-                self._on_job_done(job_id, direction, job.nbytes, job.seconds, job.success)
+                self._on_job_done(finished)
 
-    def finished(self) -> list[FinishedJob]:
+    def get_finished(self) -> list[FinishedJob]:
         """Jobs whose every part finished since the last call; never blocks."""
         for engine in self.engines:
             engine.get_finished()  # reaps the finished parts into _part_done
         done, self._done = self._done, []
-        results = []
-        for job_id in done:
-            job = self._jobs.pop(job_id)
+        for finished in done:
+            job = self._jobs.pop(finished.job_id)
             if job.direction is Direction.STORE:
                 self._unloadable[job.chunk_ids] = not job.success
-            results.append(FinishedJob(job_id, job.success, job.nbytes, job.seconds))
-        return results
+        return done
 
     def wait(self, job_ids: Sequence[int] | set[int]) -> None:
         """Block until these jobs have finished (unknown or reported ones are skipped)."""
@@ -266,29 +258,3 @@ def _group_layout(group: int, refs: GroupRefs, block_arrays: Sequence[Any]) -> K
     except (TypeError, ValueError) as error:
         raise ValueError(f"KV cache group {group}: {error}") from None
 
-
-def torch_block_arrays(
-    tensors: Sequence[Any], page_sizes: Sequence[int], on_simulator: bool
-) -> tuple[list[Any], Callable[[], Any] | None]:
-    """vLLM's canonical KV tensors as `[num_blocks, page_bytes]` byte arrays, and the compute
-    stream to order jobs after, zero-copy.
-
-    CUDA tensors are taken as they are (the kernels reach them through __cuda_array_interface__),
-    ordered after torch's current stream; on the CUDA simulator CPU tensors become NumPy views.
-    """
-    import torch
-
-    arrays = [tensor.view(torch.int8).view(-1, page) for tensor, page in zip(tensors, page_sizes)]
-    devices = {array.device.type for array in arrays}
-    if on_simulator:
-        if devices != {"cpu"}:
-            raise ValueError(
-                f"the CUDA simulator reaches CPU tensors only; the KV caches are on {sorted(devices)}"
-            )
-        return [array.numpy() for array in arrays], None
-    if devices != {"cuda"}:
-        raise ValueError(
-            f"numbakv's kernels need the KV caches on a CUDA GPU, got {sorted(devices)} "
-            "(CPU tensors run on the CUDA simulator: NUMBA_ENABLE_CUDASIM=1)"
-        )
-    return arrays, torch.cuda.current_stream

@@ -1,0 +1,56 @@
+"""Checks of the block ids a transfer names, made once before anything is queued.
+
+Vectorised: a few NumPy passes per job, whatever its length. Each error names the argument and
+what it expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def as_ids(name: str, ids: Any) -> np.ndarray:
+    """`ids` as a 1-D int64 array: integer NumPy arrays as they are, lists converted once."""
+    if not isinstance(ids, np.ndarray):
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(
+                f"{name} must be an integer NumPy array or a list of ints, got {type(ids).__name__}"
+            )
+        ids = np.asarray(ids) if len(ids) else np.empty(0, dtype=np.int64)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int64 or int32), got dtype {ids.dtype}")
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
+    return ids.astype(np.int64, copy=False)
+
+
+def check_range(name: str, ids: np.ndarray, limit: int) -> None:
+    """Every id in [0, `limit`), else an IndexError naming `name` and the first bad id."""
+    # One pass: as unsigned, a negative id is larger than any limit.
+    if len(ids) and ids.view(np.uint64).max() >= limit:
+        bad = ids[(ids < 0) | (ids >= limit)][0]
+        raise IndexError(f"{name} must lie in [0, {limit}), got {bad}")
+
+
+class UniqueCheck:
+    """Whether ids in [0, `limit`) repeat, without allocating: each id stamps its position in a
+    buffer kept across calls, and a repeated id overwrites an earlier stamp."""
+
+    def __init__(self, limit: int) -> None:
+        self._stamps = np.empty(limit, dtype=np.int64)
+        self._positions = np.arange(limit, dtype=np.int64)
+
+    def __call__(self, name: str, ids: np.ndarray) -> None:
+        """Raise a ValueError naming `name` if `ids` (already in range) repeat a value."""
+        positions = self._positions[: len(ids)]
+        if len(ids) > len(self._stamps):  # more ids than values: some must repeat
+            repeated = True
+        else:
+            self._stamps[ids] = positions
+            repeated = (self._stamps[ids] != positions).any()
+        if repeated:
+            raise ValueError(
+                f"{name} are this job's destinations and must be unique, got a repeated id"
+            )
