@@ -7,9 +7,10 @@
    versus prefill of the same tokens (torch's scaled_dot_product_attention per layer, causal; or
    an assumed cost without torch, stated in the output).
 2. A store next to a busy compute stream (torch matmuls on the default stream, as an engine
-   computes): the compute's own time alone and with the store running (CUDA events on its
-   stream: the slowdown the store causes), and the share of the store hidden behind the compute,
-   (store + compute - both) / store, from wall times.
+   computes), for several launch shapes of the store (the default first): the compute's own time
+   alone and with the store running (CUDA events on its stream: the slowdown the store causes),
+   and the share of the store hidden behind the compute, (store + compute - both) / store, from
+   wall times.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -83,14 +85,21 @@ def main() -> None:
     offloader.poll()
 
     if torch is not None:
-        report["overlap"] = _overlap(torch, offloader, min(gpu_blocks, host_blocks) // 2)
-        o = report["overlap"]
+        shapes = _overlap(torch, layout, engine.host_pool, min(gpu_blocks, host_blocks) // 2)
+        report["overlap"] = next(o for o in shapes if o["default"])
+        report["overlap_by_shape"] = shapes
         print(
-            f"store alone {o['store_s'] * 1e3:.1f} ms, compute alone {o['compute_s'] * 1e3:.1f} ms "
-            f"(its events: {o['compute_alone_ms']:.1f} ms; next to the store: "
-            f"{o['compute_with_store_ms']:.1f} ms, {o['compute_slowdown']:+.1%}), both "
-            f"{o['both_s'] * 1e3:.1f} ms: {o['hidden_share']:.0%} of the store hidden"
+            f"a store of {shapes[0]['blocks']} blocks beside 20 fp16 8192^3 matmuls, by launch shape:"
         )
+        for o in shapes:
+            print(
+                f"  {o['threads_per_block']:>4} threads x {o['thread_blocks']:>2} blocks: store "
+                f"alone {o['store_s'] * 1e3:.1f} ms, compute alone {o['compute_alone_ms']:.1f} ms, "
+                f"beside the store {o['compute_with_store_ms']:.1f} ms "
+                f"({o['compute_slowdown']:+.1%}), both {o['both_s'] * 1e3:.1f} ms: "
+                f"{o['hidden_share']:.0%} of the store hidden"
+                + (" (default)" if o["default"] else "")
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
@@ -114,10 +123,23 @@ def _prefill_seconds(torch, layers: int, heads: int, head: int, tokens: int) -> 
     return time.perf_counter() - started, "torch SDPA, attention only"
 
 
-def _overlap(torch, offloader, n: int) -> dict:
-    """A store of `n` blocks (blocks not being computed) against matmuls on the default stream."""
+OVERLAP_SHAPES = [(1024, 16), (512, 16), (256, 16), (256, 8), (256, 32), (128, 16), (128, 32)]
+"""(threads per block, thread blocks) of the stores run beside the compute; the default first."""
+
+
+def _overlap(torch, layout, pool, n: int) -> list[dict]:
+    """A store of `n` blocks (blocks not being computed) against matmuls on the default stream, for
+    each launch shape: the compute's own time (CUDA events) alone and beside the store,
+    interleaved and repeated, and the share of the store hidden behind it (wall times)."""
+    from numbakv.datapath import (
+        DEFAULT_MAX_THREAD_BLOCKS,
+        DEFAULT_THREADS_PER_BLOCK,
+        TransferEngine,
+    )
+
     a = torch.randn((8192, 8192), dtype=torch.float16, device="cuda")
-    stores = iter(range(10**6, 10**9, n))
+    gpu_ids, host_ids = np.arange(n), np.arange(n)
+    jobs = iter(range(10**9))
 
     def compute() -> tuple:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -127,10 +149,6 @@ def _overlap(torch, offloader, n: int) -> dict:
         end.record()
         return start, end
 
-    def store() -> int:
-        first = next(stores)
-        return offloader.store(list(range(first, first + n)), np.arange(n))
-
     def timed(action) -> tuple[float, object]:
         torch.cuda.synchronize()
         started = time.perf_counter()
@@ -138,26 +156,48 @@ def _overlap(torch, offloader, n: int) -> dict:
         torch.cuda.synchronize()
         return time.perf_counter() - started, result
 
-    offloader.reset()
-    timed(compute), offloader.wait(store())  # warm up both
-    offloader.reset()
-    store_s, _ = timed(lambda: offloader.wait(store()))
-    offloader.reset()
-    compute_s, (start, end) = timed(compute)
-    compute_alone_ms = start.elapsed_time(end)
-    both_s, (start, end) = timed(lambda: (compute(), offloader.wait(store()))[0])
-    compute_with_store_ms = start.elapsed_time(end)
-    offloader.reset()
-    return {
-        "blocks": n,
-        "store_s": store_s,
-        "compute_s": compute_s,
-        "both_s": both_s,
-        "hidden_share": max(0.0, (store_s + compute_s - both_s) / store_s),
-        "compute_alone_ms": compute_alone_ms,
-        "compute_with_store_ms": compute_with_store_ms,
-        "compute_slowdown": compute_with_store_ms / compute_alone_ms - 1,
-    }
+    default = (DEFAULT_THREADS_PER_BLOCK, DEFAULT_MAX_THREAD_BLOCKS)
+    shapes = [default] + [shape for shape in OVERLAP_SHAPES if shape != default]
+    results = []
+    for threads, blocks in shapes:
+        engine = TransferEngine(layout, pool, max_thread_blocks=blocks, threads_per_block=threads)
+
+        def store(engine: TransferEngine = engine) -> None:
+            job = next(jobs)
+            engine.submit(job, "store", gpu_ids, host_ids)
+            engine.wait(job)
+            engine.get_finished()
+
+        timed(compute), timed(store)  # warm up both
+        alone_ms, beside_ms, store_s, compute_s, both_s = [], [], [], [], []
+        for _ in range(3):
+            seconds, (start, end) = timed(compute)
+            compute_s.append(seconds)
+            alone_ms.append(start.elapsed_time(end))
+            store_s.append(timed(store)[0])
+            seconds, (start, end) = timed(lambda: (compute(), store())[0])
+            both_s.append(seconds)
+            beside_ms.append(start.elapsed_time(end))
+        alone, beside = statistics.median(alone_ms), statistics.median(beside_ms)
+        store_wall, both_wall = statistics.median(store_s), statistics.median(both_s)
+        results.append(
+            {
+                "threads_per_block": threads,
+                "thread_blocks": blocks,
+                "default": (threads, blocks) == default,
+                "blocks": n,
+                "store_s": store_wall,
+                "compute_s": statistics.median(compute_s),
+                "both_s": both_wall,
+                "hidden_share": max(
+                    0.0, (store_wall + statistics.median(compute_s) - both_wall) / store_wall
+                ),
+                "compute_alone_ms": alone,
+                "compute_with_store_ms": beside,
+                "compute_slowdown": beside / alone - 1,
+            }
+        )
+    return results
 
 
 if __name__ == "__main__":

@@ -341,6 +341,20 @@ def print_table(report: dict) -> None:
                 f"cudaMemcpyAsync per block and layer {peers['naive_gbps']['d2h']:.2f}/"
                 f"{peers['naive_gbps']['h2d']:.2f}"
             )
+        if "both" in ceiling:
+            print(f"DMA both ways at once: {ceiling['both']:.1f} GB/s in all")
+        for shape in bandwidth.get("launch_shapes", []):
+            print(
+                f"  {shape['threads_per_block']:>4} threads x {shape['thread_blocks']:>2} blocks: "
+                f"gather {shape['gather_gbps']:.1f}, scatter {shape['scatter_gbps']:.1f}, "
+                f"both {shape['concurrent_gbps']:.1f} GB/s"
+            )
+    for shape in (report.get("e2e") or {}).get("overlap_by_shape", []):
+        print(
+            f"  compute beside a store of {shape['threads_per_block']:>4} threads x "
+            f"{shape['thread_blocks']:>2} blocks: {100 * shape['compute_slowdown']:+.1f}%, "
+            f"{shape['hidden_share']:.0%} of the store hidden"
+        )
     print(f"{'step':<12} {'status':<8} {'seconds':>8}  detail")
     for name, step in report["steps"].items():
         detail = ""

@@ -6,6 +6,8 @@ one process, side by side:
 - gather (GPU -> host) and scatter (host -> GPU) GB/s for several caps on the thread blocks a job
   may hold (16 is the engine's default; "all" is one warp per 4 KiB work item, uncapped);
 - a store and a load in flight together (default engine), total GB/s;
+- launch shapes (threads per block x thread blocks) at one chunk size: each direction and both
+  together, to choose the defaults by;
 - peers: one cudaMemcpyAsync per block and layer issued from Python, and what a torch user writes
   instead (an index gather per layer into a GPU staging buffer, then one pinned copy; loads the
   other way round), when torch is installed;
@@ -13,7 +15,7 @@ one process, side by side:
   launch left out, which on the simulator is submit's Python alone).
 Then a per-step job (16 blocks, 32 layers, 16 KiB chunks), submit to completion as an engine that
 polls `get_finished` sees it, and through `wait`. The DMA ceiling is one large contiguous pinned
-copy in each direction, in the same run. Prints a table and writes JSON.
+copy in each direction, and one each way at once, in the same run. Prints a table and writes JSON.
 
     python benchmarks/transfer_bandwidth.py                 # on a GPU: the full configuration
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --smoke   # a tiny check anywhere
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numbakv.datapath import (
     COMPILE_SECONDS,
     DEFAULT_MAX_THREAD_BLOCKS,
+    DEFAULT_THREADS_PER_BLOCK,
     HostPool,
     KVLayout,
     LayoutKind,
@@ -52,7 +55,12 @@ FULL = {
     "layers": 32,
     "job_mib": 1024,
     "thread_blocks": [8, 16, 32, 132, None],
-    "threads_per_block": 1024,
+    "threads_per_block": DEFAULT_THREADS_PER_BLOCK,
+    "launch_shapes": {
+        "chunk": 16384,
+        "shapes": [(128, 16), (128, 32), (256, 8), (256, 16), (256, 32), (512, 16), (1024, 8)]
+        + [(1024, 16)],
+    },
     "repeats": 5,
     "naive_copies": 4096,
     "submits": 50,
@@ -64,6 +72,7 @@ SMOKE = {
     "job_mib": 1 / 64,
     "thread_blocks": [1, 2, None],
     "threads_per_block": 32,
+    "launch_shapes": {"chunk": 256, "shapes": [(32, 1), (64, 2)]},
     "repeats": 1,
     "naive_copies": 8,
     "submits": 3,
@@ -100,13 +109,33 @@ def timed_on(stream, action, repeats: int) -> float:
 
 
 def dma_ceiling(nbytes: int, repeats: int) -> dict:
-    """One contiguous pinned copy each way: what the link's copy engines deliver."""
-    device = cuda.device_array(nbytes, dtype=np.uint8)
-    host = cuda.pinned_array(nbytes, dtype=np.uint8)
-    stream = cuda.stream()
+    """One contiguous pinned copy each way, and one each way at once (total): what the link's
+    copy engines deliver."""
+    devices = [cuda.device_array(nbytes, dtype=np.uint8) for _ in range(2)]
+    hosts = [cuda.pinned_array(nbytes, dtype=np.uint8) for _ in range(2)]
+    streams = [cuda.stream() for _ in range(2)]
+
+    def d2h(stream=streams[0]):
+        devices[0].copy_to_host(hosts[0], stream)
+
+    def h2d(stream=streams[0]):
+        devices[1].copy_to_device(hosts[1], stream)
+
+    def both() -> None:
+        d2h(streams[0])
+        h2d(streams[1])
+
+    walls = []
+    for _ in range(repeats + 1):
+        cuda.synchronize()
+        started = time.perf_counter()
+        both()
+        cuda.synchronize()
+        walls.append(time.perf_counter() - started)
     return {
-        "d2h": gbps(nbytes, timed_on(stream, lambda: device.copy_to_host(host, stream), repeats)),
-        "h2d": gbps(nbytes, timed_on(stream, lambda: device.copy_to_device(host, stream), repeats)),
+        "d2h": gbps(nbytes, timed_on(streams[0], d2h, repeats)),
+        "h2d": gbps(nbytes, timed_on(streams[0], h2d, repeats)),
+        "both": gbps(2 * nbytes, statistics.median(walls[1:])),
     }
 
 
@@ -135,12 +164,14 @@ class ChunkBench:
         self.host_ids = rng.permutation(2 * blocks)
         self._next_job = 0
 
-    def engine(self, thread_blocks: int | None, seconds: list | None = None) -> TransferEngine:
+    def engine(
+        self, thread_blocks: int | None, seconds: list | None = None, threads: int | None = None
+    ) -> TransferEngine:
         return TransferEngine(
             self.layout,
             self.pool,
             max_thread_blocks=thread_blocks,
-            threads_per_block=self.threads_per_block,
+            threads_per_block=threads or self.threads_per_block,
             on_job_done=None if seconds is None else lambda job: seconds.append(job.seconds),
         )
 
@@ -148,19 +179,26 @@ class ChunkBench:
         self._next_job += 1
         return self._next_job
 
-    def one_direction(self, thread_blocks: int | None, direction: str, repeats: int) -> float:
+    def one_direction(
+        self, thread_blocks: int | None, direction: str, repeats: int, threads: int | None = None
+    ) -> float:
         """GB/s of one job, from the engine's own events around it (median after a warm-up)."""
         seconds: list[float] = []
-        engine = self.engine(thread_blocks, seconds)
+        engine = self.engine(thread_blocks, seconds, threads)
         for _ in range(repeats + 1):
             job = self.job_id()
             engine.submit(job, direction, self.gpu_ids[: self.blocks], self.host_ids[: self.blocks])
             engine.wait(job)
         return gbps(self.job_bytes, statistics.median(seconds[1:]))
 
-    def concurrent(self, repeats: int) -> float:
+    def concurrent(
+        self,
+        repeats: int,
+        thread_blocks: int = DEFAULT_MAX_THREAD_BLOCKS,
+        threads: int | None = None,
+    ) -> float:
         """A store of one half and a load of the other half in flight together: total GB/s."""
-        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+        engine = self.engine(thread_blocks, threads=threads)
         half = slice(self.blocks, 2 * self.blocks)
         walls = []
         for _ in range(repeats + 1):
@@ -337,6 +375,7 @@ def run(config: dict, out: Path) -> dict:
         rows.append(row)
         del bench
     report["rows"] = rows
+    report["launch_shapes"] = launch_shapes(config, job_bytes, torch)
     step = config["per_step"]
     bench = ChunkBench(
         step["chunk"], step["layers"], step["blocks"], config["threads_per_block"], torch
@@ -360,6 +399,26 @@ def run(config: dict, out: Path) -> dict:
     return report
 
 
+def launch_shapes(config: dict, job_bytes: int, torch) -> list[dict]:
+    """Each (threads per block, thread blocks): GB/s each way and both at once, one chunk size."""
+    sweep = config["launch_shapes"]
+    chunk = sweep["chunk"]
+    blocks = max(1, job_bytes // (config["layers"] * chunk))
+    bench = ChunkBench(chunk, config["layers"], blocks, config["threads_per_block"], torch)
+    repeats = config["repeats"]
+    return [
+        {
+            "chunk_bytes": chunk,
+            "threads_per_block": threads,
+            "thread_blocks": thread_blocks,
+            "gather_gbps": bench.one_direction(thread_blocks, "store", repeats, threads),
+            "scatter_gbps": bench.one_direction(thread_blocks, "load", repeats, threads),
+            "concurrent_gbps": bench.concurrent(repeats, thread_blocks, threads),
+        }
+        for threads, thread_blocks in sweep["shapes"]
+    ]
+
+
 def _ratio(value: float | None, ceiling: float) -> str:
     return "-" if value is None else f"{100 * value / ceiling:.0f}%"
 
@@ -369,7 +428,10 @@ def print_table(report: dict) -> None:
     print(
         f"device: {report['device']} (SMs: {report['sm_count']}, simulator: {report['simulator']})"
     )
-    print(f"DMA ceiling: d2h {ceiling['d2h']:.1f} GB/s, h2d {ceiling['h2d']:.1f} GB/s")
+    print(
+        f"DMA ceiling: d2h {ceiling['d2h']:.1f} GB/s, h2d {ceiling['h2d']:.1f} GB/s, "
+        f"both at once {ceiling['both']:.1f} GB/s"
+    )
     print(f"kernel compile, first call: {report['compile_seconds_first_call']}")
     print(f"kernel compile, fresh process: {report['compile_seconds_fresh_process']}")
     keys = list(report["rows"][0]["gather_gbps"])
@@ -400,6 +462,12 @@ def print_table(report: dict) -> None:
                 f"{row['submit_us_median_16_blocks']:.1f}",
             ]
             print(" | ".join(f"{c:>10}" for c in cells))
+    print(f"launch shapes, {report['launch_shapes'][0]['chunk_bytes'] / 1024:g} KiB chunks:")
+    print(" | ".join(f"{h:>10}" for h in ("threads", "blocks", "gather", "scatter", "both")))
+    for shape in report["launch_shapes"]:
+        cells = [shape["threads_per_block"], shape["thread_blocks"]]
+        cells += [f"{shape[key]:.1f}" for key in ("gather_gbps", "scatter_gbps", "concurrent_gbps")]
+        print(" | ".join(f"{c:>10}" for c in cells))
     step = report["per_step"]
     print(
         f"per-step job ({step['blocks']} blocks x {step['layers']} layers x "
@@ -435,7 +503,9 @@ def main() -> None:
         return
     if args.submit_cost:
         step = FULL["per_step"]
-        bench = ChunkBench(step["chunk"], step["layers"], step["blocks"], 1024, None)
+        bench = ChunkBench(
+            step["chunk"], step["layers"], step["blocks"], DEFAULT_THREADS_PER_BLOCK, None
+        )
         seconds = bench.submit_seconds_without_launch(200, step["blocks"])
         print(
             f"submit of {step['blocks']} blocks x {step['layers']} layers x "

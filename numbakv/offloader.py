@@ -100,7 +100,9 @@ class KVOffloader:
         if len(to_store) < len(block_hashes):
             position = dict(zip(block_hashes, range(len(block_hashes))))
             gpu_ids = gpu_ids[[position[block_hash] for block_hash in to_store]]
-        return self._submit(Direction.STORE, to_store, gpu_ids, output.store_spec.block_ids, wait_event)
+        return self._submit(
+            Direction.STORE, to_store, gpu_ids, output.store_spec.block_ids, wait_event
+        )
 
     def load(
         self,

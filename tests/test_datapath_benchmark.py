@@ -16,12 +16,20 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     bench.run(config, out)
 
     report = json.loads(out.read_text())
-    assert set(report["dma_ceiling_gbps"]) == {"d2h", "h2d"}
+    assert set(report["dma_ceiling_gbps"]) == {"d2h", "h2d", "both"}
     (row,) = report["rows"]
     assert row["chunk_bytes"] == 512 and row["job_bytes"] == row["blocks_per_job"] * 2 * 512
     assert set(row["gather_gbps"]) == set(row["scatter_gbps"]) == {"1", "all"}
     for key in ("concurrent_gbps", "naive_gbps", "torch_gbps", "submit_us_median_16_blocks"):
         assert key in row
+    shapes = [
+        (shape["threads_per_block"], shape["thread_blocks"]) for shape in report["launch_shapes"]
+    ]
+    assert shapes == bench.SMOKE["launch_shapes"]["shapes"]
+    assert all(
+        {"gather_gbps", "scatter_gbps", "concurrent_gbps"} <= set(s)
+        for s in report["launch_shapes"]
+    )
     step = report["per_step"]
     assert step["job_bytes"] == 2 * 2 * 512  # 2 blocks x 2 layers x 512 bytes
     assert step["submit_us_median_without_launch"] > 0

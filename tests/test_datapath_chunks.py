@@ -34,7 +34,9 @@ GROUPINGS = {
 
 
 def _tensors(rng: np.random.Generator) -> list:
-    return [cuda.to_device(random_array(rng, (NUM_GPU_BLOCKS, size), np.uint8)) for size in TENSOR_BYTES]
+    return [
+        cuda.to_device(random_array(rng, (NUM_GPU_BLOCKS, size), np.uint8)) for size in TENSOR_BYTES
+    ]
 
 
 def _on_host(tensors) -> list[np.ndarray]:

@@ -140,10 +140,16 @@ def test_readme_commands_run_on_a_copy_with_nothing_beside_it(tmp_path):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     assert [entry.name for entry in tmp_path.iterdir()] == ["numbakv"]
+    # Nothing of this checkout on the path; folders outside it stay (a GPU machine's carried wheels).
+    outside = [
+        entry
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if entry and not Path(entry).resolve().is_relative_to(ROOT)
+    ]
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": "",
+        "PYTHONPATH": os.pathsep.join(outside),
     }
     where = subprocess.run(
         [

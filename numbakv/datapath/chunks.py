@@ -257,4 +257,3 @@ def _group_layout(group: int, refs: GroupRefs, block_arrays: Sequence[Any]) -> K
         return KVLayout.from_arrays(LayoutKind.MLA, views)
     except (TypeError, ValueError) as error:
         raise ValueError(f"KV cache group {group}: {error}") from None
-

@@ -40,10 +40,12 @@ from numbakv.datapath.validation import UniqueCheck, as_ids, check_range
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 DEFAULT_MAX_THREAD_BLOCKS = 16
-"""Thread blocks a job may hold by default. A plain copy kernel with 16 blocks of 1024 threads
-reached 51-52 GB/s on an H100 (8 blocks: 34-43 GB/s); these kernels keep four times its bytes in
-flight per thread, and 16 blocks leave the other SMs to the engine's kernels and the other
-direction's job."""
+"""Thread blocks a job may hold by default: 16 leave the other SMs to the engine's kernels and the
+other direction's job (docs/DATAPATH.md, "Launch shape")."""
+DEFAULT_THREADS_PER_BLOCK = 256
+"""Threads of each thread block by default. On an H200, 16 blocks of 256 stored at the same rate
+as 16 of 1024, and slowed the matrix products running beside them far less: a smaller block
+leaves room on its SM for one of theirs (docs/BENCHMARKS.md)."""
 
 
 class GPUFault(RuntimeError):
@@ -126,7 +128,7 @@ class TransferEngine:
         host_pool: HostPool,
         *,
         max_thread_blocks: int | None = DEFAULT_MAX_THREAD_BLOCKS,
-        threads_per_block: int = 1024,
+        threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
         max_jobs_in_flight: int = 8,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
@@ -403,4 +405,3 @@ def _check_same_device(layout: KVLayout, host_pool: HostPool) -> None:
             f"the host pool was made on CUDA device {host_pool.device}, the KV cache is on device "
             f"{layout.device}: make the pool with the cache's device current"
         )
-

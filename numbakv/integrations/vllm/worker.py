@@ -133,4 +133,3 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
         self.transfers.drain()
         if self.metrics is not None:
             self.metrics.close()
-
