@@ -10,10 +10,22 @@ from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as model
 
+from numbakv.metrics.definitions import POLICY_STATE, Definition
+
 UID = "numbakv-overview"
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'instance=~"$instance"'
 RATE = "[$__rate_interval]"
+
+POLICY_PANELS = {
+    "arc": ("ARC target p and lists", "ARC's target size p of T1, and its list sizes."),
+    "sarc": (
+        "Sighting ARC target p and lists",
+        "Sighting ARC's target size p of T1, and its list sizes.",
+    ),
+    "s3fifo": ("S3-FIFO queues", "S3-FIFO's small, main and ghost queue sizes."),
+}
+"""Title and description of the panel of each policy that exports its state."""
 
 
 def _rate(metric: str, by: str = "instance") -> str:
@@ -41,8 +53,23 @@ def _quantile(q: float) -> prometheus.Dataquery:
     return _query(f"histogram_quantile({q}, {buckets})", f"{{{{direction}}}} p{int(q * 100)}")
 
 
+def _state_query(definition: Definition) -> prometheus.Dataquery:
+    """A policy's gauge summed per instance, and per list (or queue) where it has several."""
+    if definition.label is None:
+        by, legend = "instance", definition.fields[0]
+    else:
+        by, legend = f"instance, {definition.label}", f"{{{{{definition.label}}}}}"
+    return _query(f"sum by ({by}) ({definition.name}{{{SEL}}})", f"{legend} {{{{instance}}}}")
+
+
+def _policy_panel(policy: str, title: str, description: str) -> timeseries.Panel:
+    """The gauges the policy exports (``POLICY_STATE``)."""
+    return _panel(title, "short", description, *map(_state_query, POLICY_STATE[policy]))
+
+
 def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
-    """Rows of panels: cache effectiveness, transfer throughput and latency, host-pool state."""
+    """Rows of panels: cache effectiveness, transfer throughput and latency, host-pool and policy
+    state."""
     hits, misses = _rate("numbakv_hit_blocks_total"), _rate("numbakv_missed_blocks_total")
     cache = [
         _panel(
@@ -98,16 +125,7 @@ def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
                 "{{instance}}",
             ),
         ),
-        _panel(
-            "ARC target p and lists",
-            "short",
-            "ARC's target size p of T1, and its list sizes.",
-            _query(f"sum by (instance) (numbakv_arc_p_blocks{{{SEL}}})", "p {{instance}}"),
-            _query(
-                f"sum by (instance, list) (numbakv_arc_list_blocks{{{SEL}}})",
-                "{{list}} {{instance}}",
-            ),
-        ),
+        *(_policy_panel(policy, *text) for policy, text in POLICY_PANELS.items()),
     ]
     return [("Cache", cache), ("Transfers", transfers), ("Host pool", pool)]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
-from numbakv.metrics import DIRECTIONS
+from numbakv.metrics.definitions import DIRECTIONS, Source, definition_of
 from service.models import DirectionStats, Stats
 
 MAX_WINDOW_S = 300.0
@@ -31,17 +31,22 @@ class Totals:
     instances: frozenset[str] = frozenset()
 
 
+# The metrics /stats sums, by sample name: the ManagerStats field (or each direction's transfer
+# total) each one's definition reads, to the Totals field it is added to.
 _SCALARS = {
-    "numbakv_lookups_total": "lookups",
-    "numbakv_hit_blocks_total": "hit_blocks",
-    "numbakv_missed_blocks_total": "missed_blocks",
-    "numbakv_evicted_blocks_total": "evicted_blocks",
-    "numbakv_host_used_blocks": "used_blocks",
-    "numbakv_host_capacity_blocks": "capacity_blocks",
+    definition_of(Source.STATS, field).sample: total
+    for field, total in (
+        ("lookups", "lookups"),
+        ("hit_blocks", "hit_blocks"),
+        ("missed_blocks", "missed_blocks"),
+        ("evicted_blocks", "evicted_blocks"),
+        ("used", "used_blocks"),
+        ("capacity", "capacity_blocks"),
+    )
 }
 _PER_DIRECTION = {
-    "numbakv_transfer_bytes_total": "transfer_bytes",
-    "numbakv_transfer_jobs_total": "transfer_jobs",
+    definition_of(Source.TRANSFERS, field).sample: total
+    for field, total in (("nbytes", "transfer_bytes"), ("jobs", "transfer_jobs"))
 }
 
 

@@ -15,6 +15,11 @@ from numbakv.manager import ManagerStats
 
 NO_ACTIVITY = ManagerStats(**dict.fromkeys(ManagerStats.__dataclass_fields__, 0))
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics_writer.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ARC_KEYS = ("p", "t1", "t2", "b1", "b2")
+POLICY_KEYS = {"arc": ARC_KEYS, "sarc": ARC_KEYS, "s3fifo": ("small", "main", "ghost")}
+"""The keys of each policy's ``policy_stats()``, as the real policies give them."""
 
 
 class FakeManager:
@@ -23,13 +28,13 @@ class FakeManager:
     def __init__(self, capacity: int = 100, policy_name: str = "arc") -> None:
         self.policy_name = policy_name
         self._stats = replace(NO_ACTIVITY, free=capacity, capacity=capacity)
-        self._arc = {"p": 0.0, "t1": 0.0, "t2": 0.0, "b1": 0.0, "b2": 0.0}
+        self._policy = dict.fromkeys(POLICY_KEYS.get(policy_name, ()), 0.0)
 
     def stats(self) -> ManagerStats:
         return self._stats
 
     def policy_stats(self) -> dict[str, float]:
-        return dict(self._arc) if self.policy_name == "arc" else {}
+        return dict(self._policy)
 
     def lookup(self, hits: int, misses: int) -> None:
         s = self._stats
@@ -51,15 +56,30 @@ class FakeManager:
             used=used,
             free=s.capacity - used,
         )
-        self._arc.update(
-            p=self._arc["p"] + 1, t1=float(used // 2), t2=float(used - used // 2), b1=float(evicted)
-        )
+        half, rest = float(used // 2), float(used - used // 2)
+        if "p" in self._policy:  # an ARC: its target and lists
+            self._policy.update(p=self._policy["p"] + 1, t1=half, t2=rest, b1=float(evicted))
+        elif self._policy:  # S3-FIFO: its queues
+            self._policy.update(small=half, main=rest, ghost=float(evicted))
 
     def load(self, blocks: int) -> None:
         self._stats = replace(self._stats, loaded_blocks=self._stats.loaded_blocks + blocks)
 
     def skip(self, blocks: int) -> None:
         self._stats = replace(self._stats, stores_skipped=self._stats.stores_skipped + blocks)
+
+
+def churn(manager) -> None:
+    """Stores past the capacity, lookups and reuse, on a real ``CPUOffloadingManager`` of 16
+    blocks: every policy fills its lists or queues and evicts."""
+    for start in range(0, 40, 4):
+        hashes = list(range(start, start + 6))
+        manager.lookup(hashes)
+        output = manager.prepare_store(hashes)
+        if output is not None:
+            manager.complete_store(output.block_hashes_to_store)
+        manager.lookup(list(range(0, start + 6, 3)))
+        manager.touch(list(range(0, start, 5)))
 
 
 def run_workload(manager: FakeManager, metrics) -> None:
@@ -117,6 +137,24 @@ EXPECTED = {
     ("numbakv_transfer_duration_seconds_sum", LOAD): 3.0,
 }
 """Every sample after one ``run_workload`` by a manager of capacity 100 and instance ``gpu0``."""
+
+
+def run_engine_process(code: str, directory, *args: str) -> str:
+    """Run `code` as an engine process writing into `directory` (multiprocess mode); its stdout.
+
+    The code imports `tests.metrics_fakes` and `numbakv.metrics` from the checkout.
+    """
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    prelude = "import sys; sys.path.insert(0, sys.argv[1])\n"
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + code, ROOT, *args],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout
 
 
 def run_writers(directory, *writers: tuple[str, int]) -> None:

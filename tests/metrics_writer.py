@@ -1,7 +1,8 @@
 """A stand-in engine process for multi-process tests: writes metrics into PROMETHEUS_MULTIPROC_DIR.
 
-``python tests/metrics_writer.py INSTANCE REPEATS [SECONDS]``: runs the known workload REPEATS times
-and syncs; with SECONDS, keeps running a varied workload that long, syncing every 0.1 s.
+``python tests/metrics_writer.py INSTANCE REPEATS [SECONDS [POLICY]]``: runs the known workload
+REPEATS times and syncs; with SECONDS, keeps running a varied workload that long, syncing every
+0.1 s. The manager's policy is POLICY (default ``arc``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from numbakv.metrics import OffloadMetrics
 from tests.metrics_fakes import FakeManager, run_workload
 
 
-def main(instance: str, repeats: int, seconds: float = 0.0) -> None:
+def main(instance: str, repeats: int, seconds: float = 0.0, policy: str = "arc") -> None:
     assert os.environ.get("PROMETHEUS_MULTIPROC_DIR"), "set PROMETHEUS_MULTIPROC_DIR"
     # Ctrl-C ends it as it ends an engine run from a terminal, even where SIGINT is inherited
     # ignored (pytest started as a background job of a script: the test would wait in vain).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    manager = FakeManager(capacity=1000)
+    manager = FakeManager(capacity=1000, policy_name=policy)
     metrics = OffloadMetrics(manager, instance=instance)
     for _ in range(repeats):
         run_workload(manager, metrics)
@@ -42,4 +43,5 @@ def main(instance: str, repeats: int, seconds: float = 0.0) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    args = sys.argv[1:]
+    main(args[0], int(args[1]), float(args[2]) if len(args) > 2 else 0.0, *args[3:4])

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dashboards import generate
+from numbakv.metrics.definitions import POLICY_STATE
 
 board = pytest.importorskip(
     "dashboards.board", reason="grafana-foundation-sdk (extra: dashboards) not installed"
@@ -43,6 +44,16 @@ def test_dashboard_has_the_required_panels_and_variables():
     assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.99," in exprs
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_every_policy_state_metric_has_a_panel():
+    board = committed()
+    exprs = " ".join(generate.expressions(board))
+    for definitions in POLICY_STATE.values():
+        for definition in definitions:
+            assert f"{definition.name}{{" in exprs, definition.name
+    titles = {p["title"] for p in board["panels"]}
+    assert {"Sighting ARC target p and lists", "S3-FIFO queues"} <= titles
 
 
 def test_every_expression_filters_by_the_instance_variable():

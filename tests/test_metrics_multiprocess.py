@@ -12,28 +12,9 @@ import pytest
 
 from numbakv.metrics.liveness import writer_alive
 from service.metrics_dir import MetricsDirectory
-from tests.metrics_fakes import EXPECTED, run_writers
+from tests.metrics_fakes import EXPECTED, run_engine_process, run_writers
 
 GAUGES = ("numbakv_host_", "numbakv_arc_")
-
-
-def run_engine_process(code: str, directory, *args: str) -> str:
-    """Run `code` as an engine process writing into `directory` (multiprocess mode); its stdout.
-
-    The code imports `tests.metrics_fakes` and `numbakv.metrics` from the checkout.
-    """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    prelude = "import sys; sys.path.insert(0, sys.argv[1])\n"
-    done = subprocess.run(
-        [sys.executable, "-c", prelude + code, root, *args],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.stdout
 
 
 def merged_samples(directory) -> dict:

@@ -53,9 +53,10 @@ def test_every_dashboard_query_returns_data(tmp_path):
     config = tmp_path / "prometheus.yml"
     config.write_text(PROMETHEUS_CONFIG.format(port=sidecar_port))
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    # ARC on both instances; the other policies whose state has panels next to it.
     writers = [
-        subprocess.Popen([sys.executable, WRITER, name, "1", str(WORKLOAD_S)], env=env)
-        for name in ("gpu0", "gpu1")
+        subprocess.Popen([sys.executable, WRITER, name, "1", str(WORKLOAD_S), policy], env=env)
+        for name, policy in (("gpu0", "arc"), ("gpu1", "arc"), ("gpu0", "sarc"), ("gpu1", "s3fifo"))
     ]
     prometheus_args = [
         "prometheus",

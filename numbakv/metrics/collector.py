@@ -1,0 +1,86 @@
+"""In-process export: a collector that reads the manager and the transfer totals when Prometheus
+scrapes, one family per definition of :mod:`numbakv.metrics.definitions`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from numbakv.metrics.definitions import (
+    TRANSFERS,
+    Definition,
+    ManagerLike,
+    Source,
+    manager_definitions,
+)
+from numbakv.metrics.recording import TransferRecorder
+
+FAMILIES = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
+
+Series = tuple[tuple[tuple[str, ...], Callable[[Any], Any]], ...]
+
+
+class ScrapeCollector(Collector):
+    """In-process export: reads the manager and the transfer totals when Prometheus scrapes."""
+
+    def __init__(
+        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str
+    ) -> None:
+        self._manager = manager
+        self._transfers = transfers
+        self._instance = instance
+        self._manager_families = (
+            () if manager is None else _with_series(manager_definitions(manager.policy_name))
+        )
+        self._transfer_families = _with_series(TRANSFERS)
+
+    def collect(self) -> Iterator[Metric]:
+        if self._manager is not None:
+            values = {
+                Source.STATS: self._manager.stats(),
+                Source.POLICY: self._manager.policy_stats(),
+            }
+            labels = (self._manager.policy_name, self._instance)
+            for definition, series in self._manager_families:
+                yield _family(definition, series, [(labels, values[definition.source])])
+        # One copy per direction: every family shows the same jobs.
+        totals = [((d, self._instance), t.copy()) for d, t in self._transfers.totals.items()]
+        for definition, series in self._transfer_families:
+            yield _family(definition, series, totals)
+
+
+def _with_series(definitions: Sequence[Definition]) -> tuple[tuple[Definition, Series], ...]:
+    return tuple((definition, definition.series()) for definition in definitions)
+
+
+def _family(
+    definition: Definition, series: Series, sources: list[tuple[tuple[str, ...], Any]]
+) -> Metric:
+    """The definition's family: its series for each (label values, what its source gave)."""
+    family = FAMILIES[definition.type](definition.name, definition.help, labels=definition.labels)
+    for labels, source in sources:
+        for extra, read in series:
+            value = read(source)
+            if definition.type == "histogram":
+                counts, total = value
+                family.add_metric([*labels, *extra], _cumulative(counts, definition.bounds), total)
+            else:
+                family.add_metric([*labels, *extra], value)
+    return family
+
+
+def _cumulative(counts: list[int], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    out, acc = [], 0
+    for bound, count in zip((*bounds, float("inf")), counts):
+        acc += count
+        out.append((floatToGoString(bound), acc))
+    return out

@@ -1,0 +1,104 @@
+"""One process's metrics: :class:`OffloadMetrics` records transfer jobs and exports them with the
+manager's state, in-process or into the multiprocess directory, or not at all."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from numbakv.metrics import liveness
+from numbakv.metrics.collector import ScrapeCollector
+from numbakv.metrics.definitions import ManagerLike
+from numbakv.metrics.recording import TransferRecorder
+from numbakv.metrics.writer import MultiprocessWriter
+
+ENABLED_ENV = "NUMBAKV_METRICS"
+"""Set to ``0`` (or ``false``/``off``) to turn metrics off process-wide."""
+
+
+def metrics_enabled() -> bool:
+    """Whether ``NUMBAKV_METRICS`` leaves metrics on (the default)."""
+    return os.environ.get(ENABLED_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def multiprocess_mode() -> bool:
+    """Whether prometheus-client writes to a shared directory (``PROMETHEUS_MULTIPROC_DIR``)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class OffloadMetrics:
+    """One process's metrics: pass ``on_job_done`` to the transfer engine, the manager at construction.
+
+    ``enabled=False`` (or ``NUMBAKV_METRICS=0``) makes every method a no-op and registers nothing.
+    In multiprocess mode, call :meth:`sync` per engine step or :meth:`start_sync_thread` once;
+    in-process, the registry's collector reads everything at scrape time and ``sync`` does nothing.
+    """
+
+    def __init__(
+        self,
+        manager: ManagerLike | None = None,
+        *,
+        instance: str = "default",
+        registry: CollectorRegistry | None = REGISTRY,
+        enabled: bool | None = None,
+    ) -> None:
+        self.enabled = metrics_enabled() if enabled is None else enabled
+        self.instance = instance
+        self._transfers = TransferRecorder()
+        self._writer: MultiprocessWriter | None = None
+        self._collector: ScrapeCollector | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if not self.enabled:
+            self.on_job_done = _ignore_job
+            return
+        self.on_job_done = self._transfers.on_job_done
+        if multiprocess_mode():
+            # Joining first: compaction runs before this process has files, and the exit hook
+            # that drops its live gauges is registered before (so runs after) every close().
+            path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+            liveness.join(path)
+            self._writer = MultiprocessWriter(manager, self._transfers, instance, path)
+            atexit.register(self.close)
+        elif registry is not None:
+            self._collector = ScrapeCollector(manager, self._transfers, instance)
+            registry.register(self._collector)
+        self._registry = registry
+
+    def sync(self) -> None:
+        """Multiprocess mode: publish what changed since the last call. Otherwise nothing to do."""
+        if self._writer is not None:
+            self._writer.sync()
+
+    def start_sync_thread(self, interval_s: float = 1.0) -> None:
+        """Call :meth:`sync` every ``interval_s`` seconds from a daemon thread, until :meth:`close`."""
+        if self._writer is None or self._thread is not None:
+            return
+
+        def run() -> None:
+            while not self._stop.wait(interval_s):
+                self.sync()
+
+        self._thread = threading.Thread(target=run, name="numbakv-metrics-sync", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the sync thread and publish a last time (multiprocess), or unregister the collector."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._writer is not None:
+            self._writer.sync()
+            self._writer = None
+            atexit.unregister(self.close)
+        if self._collector is not None:
+            self._registry.unregister(self._collector)
+            self._collector = None
+
+
+def _ignore_job(job_id: int, direction: str, nbytes: int, seconds: float, success: bool) -> None:
+    """The ``on_job_done`` of disabled metrics."""

@@ -1,0 +1,147 @@
+"""Multi-process export: what changed since the last sync, written into the shared directory's
+metrics, one prometheus-client metric per definition of :mod:`numbakv.metrics.definitions`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+from numbakv.metrics import liveness
+from numbakv.metrics.definitions import (
+    DIRECTIONS,
+    TRANSFERS,
+    Definition,
+    ManagerLike,
+    Source,
+    manager_definitions,
+)
+from numbakv.metrics.recording import TransferRecorder, TransferTotals
+
+_NO_JOBS = TransferTotals()
+"""What a histogram of transfer jobs starts from."""
+_MANAGER_SOURCES = (Source.STATS, Source.POLICY)
+"""The manager's sources, read once per sync; a series finds its own by index (an enum's hash is
+Python code: a dict keyed by source cost a microsecond per sync)."""
+
+
+class MultiprocessWriter:
+    """Multi-process export: copies what changed since the last :meth:`sync` into shared-directory metrics.
+
+    The metric objects are registered nowhere: in multiprocess mode their values live in the
+    directory's files, which the sidecar reads. Gauges use ``livesum``: a process stops counting
+    when it dies, however it dies (see :mod:`numbakv.metrics.liveness`).
+    """
+
+    def __init__(
+        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str, path: str
+    ) -> None:
+        self._path = path
+        self._manager = manager
+        self._transfers = transfers
+        self._lock = threading.Lock()
+        # Each series as [child, ..., value last written]: a counter's starts at 0, a gauge's at
+        # None (it is written at the first sync). The manager's: [child, index of its source in
+        # _MANAGER_SOURCES, reader, is a counter, value last written].
+        self._manager_series: list[list] = []
+        if manager is not None:
+            labels = (manager.policy_name, instance)
+            for definition, metric, extra, read in _series(
+                manager_definitions(manager.policy_name)
+            ):
+                child = metric.labels(*labels, *extra)
+                counter = definition.type == "counter"
+                source = _MANAGER_SOURCES.index(definition.source)
+                self._manager_series.append([child, source, read, counter, 0 if counter else None])
+        # Each direction's: [child, reader, is a histogram, value last written]; and its jobs
+        # last synced.
+        self._transfer_series: dict[str, list[list]] = {}
+        self._synced_jobs = dict.fromkeys(DIRECTIONS, 0)
+        series = _series(TRANSFERS)
+        for direction in DIRECTIONS:
+            self._transfer_series[direction] = []
+            for definition, metric, extra, read in series:
+                child = metric.labels(direction, instance, *extra)
+                histogram = definition.type == "histogram"
+                last = read(_NO_JOBS) if histogram else 0
+                self._transfer_series[direction].append([child, read, histogram, last])
+
+    def sync(self) -> None:
+        """Write the deltas since the last call; a few microseconds per changed value."""
+        with self._lock:
+            if liveness.forked:  # a forked child writes files of its own PID: it joins under it
+                liveness.join(self._path)
+            if self._manager is not None:
+                self._sync_manager()
+            self._sync_transfers()
+
+    def _sync_manager(self) -> None:
+        """Counters are increased by what they moved; gauges are set when they changed (each
+        write to the shared file costs about a microsecond)."""
+        values = (self._manager.stats(), self._manager.policy_stats())  # as _MANAGER_SOURCES
+        for series in self._manager_series:
+            child, source, read, counter, last = series
+            value = read(values[source])
+            if value != last:
+                if counter:
+                    child.inc(value - last)
+                else:
+                    child.set(value)
+                series[4] = value
+
+    def _sync_transfers(self) -> None:
+        """Counters and histograms are increased by what they moved, read from the recorder's
+        live totals: each series by what it wrote. A job counts in ``jobs`` first, so a direction
+        without new jobs is skipped; a job being recorded may be written in part, its rest with
+        the next job."""
+        for direction, totals in self._transfers.totals.items():
+            jobs = totals.jobs
+            if jobs == self._synced_jobs[direction]:
+                continue
+            self._synced_jobs[direction] = jobs
+            for series in self._transfer_series[direction]:
+                child, read, histogram, last = series
+                value = read(totals)
+                if histogram:
+                    value = counts, seconds = list(value[0]), value[1]
+                    deltas = [n - l for n, l in zip(counts, last[0])]
+                    _add_to_histogram(child, deltas, seconds - last[1])
+                elif value != last:
+                    child.inc(value - last)
+                else:
+                    continue
+                series[3] = value
+
+
+def _series(
+    definitions: Iterable[Definition],
+) -> list[tuple[Definition, MetricWrapperBase, tuple[str, ...], Callable[[Any], Any]]]:
+    """Each series of the definitions: its definition, its metric, the label values it adds to
+    its source's and the reader of its value."""
+    out = []
+    for definition in definitions:
+        metric = _metric(definition)
+        out.extend((definition, metric, extra, read) for extra, read in definition.series())
+    return out
+
+
+def _metric(definition: Definition) -> MetricWrapperBase:
+    """The definition's metric, registered nowhere."""
+    args = (definition.name, definition.help, definition.labels)
+    if definition.type == "counter":
+        return Counter(*args, registry=None)
+    if definition.type == "gauge":
+        return Gauge(*args, registry=None, multiprocess_mode="livesum")
+    return Histogram(*args, registry=None, buckets=definition.bounds)
+
+
+def _add_to_histogram(child, bucket_deltas: list[int], seconds: float) -> None:
+    """Add many observations at once. prometheus-client's public API adds one per ``observe()``
+    (about 3 us each in multiprocess mode); its per-bucket values are what ``observe()`` itself writes."""
+    for value, delta in zip(child._buckets, bucket_deltas):
+        if delta:
+            value.inc(delta)
+    child._sum.inc(seconds)
