@@ -26,6 +26,7 @@ import os, sys
 from dataclasses import dataclass
 sys.path.insert(0, sys.argv[1])
 from numbakv.metrics import OffloadMetrics
+from numbakv.jobs import FinishedJob
 
 @dataclass(frozen=True)
 class Stats:
@@ -40,7 +41,7 @@ class Manager:
 
 metrics = OffloadMetrics(Manager(), instance=sys.argv[2])
 for job in range(1000):
-    metrics.on_job_done(job, ("store", "load")[job % 2], 1 << 20, 0.0001 * (job % 100), True)
+    metrics.on_job_done(FinishedJob(job, ("store", "load")[job % 2], True, 1 << 20, 0.0001 * (job % 100)))
 metrics.sync()
 print("ready", flush=True)
 sys.stdin.read()  # alive, like a running engine, until the benchmark closes stdin

@@ -59,6 +59,7 @@ import random, sys, time
 sys.path.insert(0, sys.argv[1])
 from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics
+from numbakv.jobs import FinishedJob
 
 capacity = int(sys.argv[3])
 manager = CPUOffloadingManager(block_size=16, num_blocks=capacity)
@@ -73,12 +74,12 @@ while True:
         manager.prepare_load(hashes[:hits])
         manager.complete_load(hashes[:hits])
         job += 1
-        metrics.on_job_done(job, "load", hits << 16, random.uniform(1e-4, 1e-2), True)
+        metrics.on_job_done(FinishedJob(job, "load", True, hits << 16, random.uniform(1e-4, 1e-2)))
     stored = manager.prepare_store(hashes[hits:])
     if stored is not None and stored.block_hashes_to_store:
         manager.complete_store(stored.block_hashes_to_store)
         job += 1
-        metrics.on_job_done(job, "store", len(stored.block_hashes_to_store) << 16, 1e-3, True)
+        metrics.on_job_done(FinishedJob(job, "store", True, len(stored.block_hashes_to_store) << 16, 1e-3))
     metrics.sync()
     time.sleep(0.02)
 """

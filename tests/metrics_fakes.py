@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from prometheus_client.mmap_dict import MmapedDict
 
+from numbakv.jobs import FinishedJob
 from numbakv.manager import ManagerStats
 
 NO_ACTIVITY = ManagerStats(**dict.fromkeys(ManagerStats.__dataclass_fields__, 0))
@@ -90,10 +91,10 @@ def run_workload(manager: FakeManager, metrics) -> None:
     manager.store(blocks=2, failed=1)
     manager.load(blocks=3)
     manager.skip(blocks=7)
-    metrics.on_job_done(1, "store", 4096, 0.0003, True)
-    metrics.on_job_done(2, "store", 2048, 0.002, True)
-    metrics.on_job_done(3, "store", 1024, 0.002, False)
-    metrics.on_job_done(4, "load", 3072, 3.0, True)
+    metrics.on_job_done(FinishedJob(1, "store", True, 4096, 0.0003))
+    metrics.on_job_done(FinishedJob(2, "store", True, 2048, 0.002))
+    metrics.on_job_done(FinishedJob(3, "store", False, 1024, 0.002))
+    metrics.on_job_done(FinishedJob(4, "load", True, 3072, 3.0))
 
 
 # The label sets of the workload's series, as the tests key samples: (name, value) pairs sorted by name.

@@ -15,6 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from numbakv.jobs import FinishedJob
 from numbakv.metrics import OffloadMetrics
 from tests.metrics_fakes import FakeManager, run_workload
 
@@ -36,7 +37,9 @@ def main(instance: str, repeats: int, seconds: float = 0.0, policy: str = "arc")
         manager.load(blocks=random.randint(1, 4))
         for direction in ("store", "load"):
             job += 1
-            metrics.on_job_done(job, direction, 1 << 20, random.uniform(0.0002, 0.02), True)
+            metrics.on_job_done(
+                FinishedJob(job, direction, True, 1 << 20, random.uniform(0.0002, 0.02))
+            )
         metrics.sync()
         time.sleep(0.1)
     metrics.close()

@@ -9,6 +9,7 @@ import timeit
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from numbakv.jobs import FinishedJob
 from numbakv.metrics import DURATION_BUCKETS_SECONDS, OffloadMetrics
 from tests.metrics_fakes import EXPECTED, FakeManager, run_workload
 
@@ -48,7 +49,7 @@ def test_disabled_metrics_register_nothing_and_ignore_jobs(monkeypatch):
     monkeypatch.setenv("NUMBAKV_METRICS", "0")
     registry = CollectorRegistry()
     metrics = OffloadMetrics(FakeManager(), registry=registry)
-    metrics.on_job_done(1, "store", 10, 0.1, True)
+    metrics.on_job_done(FinishedJob(1, "store", True, 10, 0.1))
     metrics.sync()
     assert not metrics.enabled and samples(registry) == {}
 
@@ -63,14 +64,14 @@ def test_close_unregisters_the_collector():
 def test_unknown_direction_is_rejected():
     metrics = OffloadMetrics(registry=None, enabled=True)
     with pytest.raises(KeyError):
-        metrics.on_job_done(1, "sideways", 10, 0.1, True)
+        metrics.on_job_done(FinishedJob(1, "sideways", True, 10, 0.1))
 
 
 def test_recording_a_job_costs_at_most_a_few_hundred_ns():
     metrics = OffloadMetrics(registry=None, enabled=True)
-    record = metrics.on_job_done
+    record, job = metrics.on_job_done, FinishedJob(1, "store", True, 4096, 0.002)
     n = 20000
-    best = min(timeit.repeat(lambda: record(1, "store", 4096, 0.002, True), number=n, repeat=5)) / n
+    best = min(timeit.repeat(lambda: record(job), number=n, repeat=5)) / n
     assert best < 1e-6, f"{best * 1e9:.0f} ns per call"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -14,6 +15,9 @@ from numbakv.metrics.collector import ScrapeCollector
 from numbakv.metrics.definitions import ManagerLike
 from numbakv.metrics.recording import TransferRecorder
 from numbakv.metrics.writer import MultiprocessWriter
+
+if TYPE_CHECKING:  # the sidecar's image holds numbakv/metrics/ alone
+    from numbakv.jobs import FinishedJob
 
 ENABLED_ENV = "NUMBAKV_METRICS"
 """Set to ``0`` (or ``false``/``off``) to turn metrics off process-wide."""
@@ -100,5 +104,5 @@ class OffloadMetrics:
             self._collector = None
 
 
-def _ignore_job(job_id: int, direction: str, nbytes: int, seconds: float, success: bool) -> None:
+def _ignore_job(job: FinishedJob) -> None:
     """The ``on_job_done`` of disabled metrics."""

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from numbakv.metrics.definitions import DIRECTIONS, DURATION_BUCKETS_SECONDS
+
+if TYPE_CHECKING:  # the sidecar's image holds numbakv/metrics/ alone
+    from numbakv.jobs import FinishedJob
 
 
 @dataclass(slots=True)
@@ -42,14 +46,12 @@ class TransferRecorder:
     def __init__(self) -> None:
         self.totals = {direction: TransferTotals() for direction in DIRECTIONS}
 
-    def on_job_done(
-        self, job_id: int, direction: str, nbytes: int, seconds: float, success: bool
-    ) -> None:
-        t = self.totals[direction]
+    def on_job_done(self, job: FinishedJob) -> None:
+        t = self.totals[job.direction]
         t.jobs += 1
-        t.seconds += seconds
-        t.buckets[bisect.bisect_left(DURATION_BUCKETS_SECONDS, seconds)] += 1
-        if success:
-            t.nbytes += nbytes
+        t.seconds += job.seconds
+        t.buckets[bisect.bisect_left(DURATION_BUCKETS_SECONDS, job.seconds)] += 1
+        if job.success:
+            t.nbytes += job.nbytes
         else:
             t.failed_jobs += 1
