@@ -16,10 +16,10 @@ import numpy as np
 from numbakv.policies import NOT_READY, resolve_policy
 from numbakv.specs import (
     MEDIUM_CPU,
+    BlockEvent,
     BlockHash,
-    LoadStoreSpec,
-    OffloadingEvent,
-    PrepareStoreOutput,
+    HostBlocks,
+    StorePlan,
 )
 
 
@@ -128,7 +128,7 @@ class CPUOffloadingManager:
         # Filled by _reset_slots, in place: the policy keeps a reference to this list.
         self._ref_counts: list[int] = []
         self._policy = resolve_policy(cache_policy)(self.num_blocks, self._ref_counts)
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events: list[BlockEvent] | None = [] if enable_events else None
         # How often lookup examined each recent hash; only kept when admission needs it.
         self._sightings: OrderedDict[BlockHash, int] | None = (
             OrderedDict() if self.store_threshold > 1 else None
@@ -190,7 +190,7 @@ class CPUOffloadingManager:
         """Mark the hashes as used now, the first as the most recent; unknown hashes are ignored."""
         self._policy.touch(_checked("touch", block_hashes))
 
-    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> HostBlocks:
         """Pin every block for reading and say where it is; all must be cached and ready."""
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
@@ -214,7 +214,7 @@ class CPUOffloadingManager:
         self._num_idle -= newly_read
         self._num_being_read += newly_read
         self._loaded_blocks += len(block_ids)
-        return LoadStoreSpec(np.array(block_ids, dtype=np.int64))
+        return HostBlocks(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         """Release the pins of a finished load; every hash must be one being loaded."""
@@ -241,7 +241,7 @@ class CPUOffloadingManager:
 
     # --- stores ---
 
-    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> StorePlan | None:
         """Allocate host slots for the hashes not cached yet, evicting if needed.
 
         Returns None, changing nothing, when not enough blocks can be evicted: only ready, idle
@@ -263,7 +263,7 @@ class CPUOffloadingManager:
             to_store = admitted
         if not to_store:
             self._stores_skipped += skipped
-            return PrepareStoreOutput([], LoadStoreSpec(), [])
+            return StorePlan([], HostBlocks(), [])
 
         free_slots = self._free_slots
         shortfall = len(to_store) - len(free_slots)
@@ -278,7 +278,7 @@ class CPUOffloadingManager:
         self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
         self._stores_skipped += skipped
-        return PrepareStoreOutput(to_store, LoadStoreSpec(np.array(slots, dtype=np.int64)), evicted)
+        return StorePlan(to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted)
 
     def _evict(self, shortfall: int, named: Collection[BlockHash]) -> list[BlockHash] | None:
         """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot."""
@@ -336,9 +336,9 @@ class CPUOffloadingManager:
     # --- events, reset and stats ---
 
     def _emit(self, block_hashes: list[BlockHash], removed: bool) -> None:
-        self._events.append(OffloadingEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
+        self._events.append(BlockEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
 
-    def take_events(self) -> Iterator[OffloadingEvent]:
+    def take_events(self) -> Iterator[BlockEvent]:
         """Yield the pending events in order, then clear them; none when events are disabled."""
         if self._events is not None:
             yield from self._events
