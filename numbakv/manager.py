@@ -80,9 +80,14 @@ def _hash_list(block_hashes: Iterable[BlockHash], argument: str = "block_hashes"
         ) from None
 
 
-def _unhashable(method: str, block_hashes: Sequence) -> TypeError:
-    """The error for a call whose hashes are not all hashable, naming the first that is not."""
-    for position, block_hash in enumerate(block_hashes):
+def _hash_error(method: str, hashes: Sequence, error: TypeError) -> TypeError:
+    """What `method` raises when hashing its `hashes` raised `error`, before it changed anything.
+
+    The manager's one check of hashes one by one, on error paths only (the methods' own hashing
+    finds a bad hash for free): a TypeError naming the method and the position of the first hash
+    that is not hashable, or `error` itself if every hash is (it came from elsewhere: pass it on).
+    """
+    for position, block_hash in enumerate(hashes):
         try:
             hash(block_hash)
         except TypeError:
@@ -90,17 +95,7 @@ def _unhashable(method: str, block_hashes: Sequence) -> TypeError:
                 f"{method}: block_hashes[{position}] is a {type(block_hash).__name__}, which is "
                 "not hashable: a block hash must be bytes, an int or another hashable value"
             )
-    return TypeError(f"{method}: block_hashes hold a value that cannot be hashed")
-
-
-def _checked(method: str, block_hashes: Iterable[BlockHash]) -> Sequence:
-    """The hashes as a sequence, every one of them hashable (else nothing has happened yet)."""
-    hashes = _hash_list(block_hashes)
-    try:
-        frozenset(hashes)  # hashes them all in C
-    except TypeError:
-        raise _unhashable(method, hashes) from None
-    return hashes
+    return error
 
 
 class CPUOffloadingManager:
@@ -159,9 +154,10 @@ class CPUOffloadingManager:
                 if block_id is None or ref_counts[block_id] < 0:
                     break
                 hits += 1
-            frozenset(hashes[hits + 1 :])  # the rest must be hashable too
-        except TypeError:
-            raise _unhashable("lookup", hashes) from None
+            if hits + 1 < len(hashes):  # those past the first miss must be hashable all the same:
+                hash(tuple(hashes[hits + 1 :]))  # hashes each in C and builds no set
+        except TypeError as error:
+            raise _hash_error("lookup", hashes, error) from None
         self._lookups += 1
         self._hit_blocks += hits
         self._missed_blocks += len(hashes) - hits
@@ -188,7 +184,12 @@ class CPUOffloadingManager:
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark the hashes as used now, the first as the most recent; unknown hashes are ignored."""
-        self._policy.touch(_checked("touch", block_hashes))
+        hashes = _hash_list(block_hashes)
+        try:
+            hash(tuple(hashes))  # all before the policy, which applies a touch hash by hash
+        except TypeError as error:
+            raise _hash_error("touch", hashes, error) from None
+        self._policy.touch(hashes)
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> HostBlocks:
         """Pin every block for reading and say where it is; all must be cached and ready."""
@@ -196,8 +197,8 @@ class CPUOffloadingManager:
         get, ref_counts = self._policy.get, self._ref_counts
         try:
             block_ids = [get(block_hash) for block_hash in hashes]
-        except TypeError:
-            raise _unhashable("prepare_load", hashes) from None
+        except TypeError as error:
+            raise _hash_error("prepare_load", hashes, error) from None
         for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
             if block_id is None:
                 raise KeyError(
@@ -222,8 +223,8 @@ class CPUOffloadingManager:
         get, ref_counts = self._policy.get, self._ref_counts
         try:
             block_ids = [get(block_hash) for block_hash in hashes]
-        except TypeError:
-            raise _unhashable("complete_load", hashes) from None
+        except TypeError as error:
+            raise _hash_error("complete_load", hashes, error) from None
         released = 0
         for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
             if block_id is None or ref_counts[block_id] <= 0:
@@ -251,8 +252,8 @@ class CPUOffloadingManager:
         get = self._policy.get
         try:
             unique = dict.fromkeys(hashes)
-        except TypeError:
-            raise _unhashable("prepare_store", hashes) from None
+        except TypeError as error:
+            raise _hash_error("prepare_store", hashes, error) from None
         to_store = [block_hash for block_hash in unique if get(block_hash) is None]
         named_cached = len(to_store) < len(unique)
         skipped = 0
@@ -308,8 +309,8 @@ class CPUOffloadingManager:
         listed = _hash_list(block_hashes)
         try:
             hashes = dict.fromkeys(listed)
-        except TypeError:
-            raise _unhashable("complete_store", listed) from None
+        except TypeError as error:
+            raise _hash_error("complete_store", listed, error) from None
         ref_counts = self._ref_counts
         pending = [
             (block_hash, block_id)
