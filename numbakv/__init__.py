@@ -7,16 +7,16 @@ and is imported only when used, so a scheduler process or the metrics sidecar ne
 from numbakv.manager import CPUOffloadingManager, ManagerStats
 from numbakv.offloader import KVOffloader
 from numbakv.policies import POLICIES, CachePolicy, resolve_policy
-from numbakv.specs import LoadStoreSpec, OffloadingEvent, PrepareStoreOutput
+from numbakv.specs import BlockEvent, HostBlocks, StorePlan
 
 __all__ = [
     "POLICIES",
+    "BlockEvent",
     "CPUOffloadingManager",
     "CachePolicy",
+    "HostBlocks",
     "KVOffloader",
-    "LoadStoreSpec",
     "ManagerStats",
-    "OffloadingEvent",
-    "PrepareStoreOutput",
+    "StorePlan",
     "resolve_policy",
 ]

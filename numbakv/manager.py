@@ -16,10 +16,10 @@ import numpy as np
 from numbakv.policies import NOT_READY, resolve_policy
 from numbakv.specs import (
     MEDIUM_CPU,
+    BlockEvent,
     BlockHash,
-    LoadStoreSpec,
-    OffloadingEvent,
-    PrepareStoreOutput,
+    HostBlocks,
+    StorePlan,
 )
 
 
@@ -80,9 +80,14 @@ def _hash_list(block_hashes: Iterable[BlockHash], argument: str = "block_hashes"
         ) from None
 
 
-def _unhashable(method: str, block_hashes: Sequence) -> TypeError:
-    """The error for a call whose hashes are not all hashable, naming the first that is not."""
-    for position, block_hash in enumerate(block_hashes):
+def _hash_error(method: str, hashes: Sequence, error: TypeError) -> TypeError:
+    """What `method` raises when hashing its `hashes` raised `error`, before it changed anything.
+
+    The manager's one check of hashes one by one, on error paths only (the methods' own hashing
+    finds a bad hash for free): a TypeError naming the method and the position of the first hash
+    that is not hashable, or `error` itself if every hash is (it came from elsewhere: pass it on).
+    """
+    for position, block_hash in enumerate(hashes):
         try:
             hash(block_hash)
         except TypeError:
@@ -90,17 +95,7 @@ def _unhashable(method: str, block_hashes: Sequence) -> TypeError:
                 f"{method}: block_hashes[{position}] is a {type(block_hash).__name__}, which is "
                 "not hashable: a block hash must be bytes, an int or another hashable value"
             )
-    return TypeError(f"{method}: block_hashes hold a value that cannot be hashed")
-
-
-def _checked(method: str, block_hashes: Iterable[BlockHash]) -> Sequence:
-    """The hashes as a sequence, every one of them hashable (else nothing has happened yet)."""
-    hashes = _hash_list(block_hashes)
-    try:
-        frozenset(hashes)  # hashes them all in C
-    except TypeError:
-        raise _unhashable(method, hashes) from None
-    return hashes
+    return error
 
 
 class CPUOffloadingManager:
@@ -128,7 +123,7 @@ class CPUOffloadingManager:
         # Filled by _reset_slots, in place: the policy keeps a reference to this list.
         self._ref_counts: list[int] = []
         self._policy = resolve_policy(cache_policy)(self.num_blocks, self._ref_counts)
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events: list[BlockEvent] | None = [] if enable_events else None
         # How often lookup examined each recent hash; only kept when admission needs it.
         self._sightings: OrderedDict[BlockHash, int] | None = (
             OrderedDict() if self.store_threshold > 1 else None
@@ -159,9 +154,10 @@ class CPUOffloadingManager:
                 if block_id is None or ref_counts[block_id] < 0:
                     break
                 hits += 1
-            frozenset(hashes[hits + 1 :])  # the rest must be hashable too
-        except TypeError:
-            raise _unhashable("lookup", hashes) from None
+            if hits + 1 < len(hashes):  # those past the first miss must be hashable all the same:
+                hash(tuple(hashes[hits + 1 :]))  # hashes each in C and builds no set
+        except TypeError as error:
+            raise _hash_error("lookup", hashes, error) from None
         self._lookups += 1
         self._hit_blocks += hits
         self._missed_blocks += len(hashes) - hits
@@ -188,16 +184,21 @@ class CPUOffloadingManager:
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark the hashes as used now, the first as the most recent; unknown hashes are ignored."""
-        self._policy.touch(_checked("touch", block_hashes))
+        hashes = _hash_list(block_hashes)
+        try:
+            hash(tuple(hashes))  # all before the policy, which applies a touch hash by hash
+        except TypeError as error:
+            raise _hash_error("touch", hashes, error) from None
+        self._policy.touch(hashes)
 
-    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> HostBlocks:
         """Pin every block for reading and say where it is; all must be cached and ready."""
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
         try:
             block_ids = [get(block_hash) for block_hash in hashes]
-        except TypeError:
-            raise _unhashable("prepare_load", hashes) from None
+        except TypeError as error:
+            raise _hash_error("prepare_load", hashes, error) from None
         for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
             if block_id is None:
                 raise KeyError(
@@ -214,7 +215,7 @@ class CPUOffloadingManager:
         self._num_idle -= newly_read
         self._num_being_read += newly_read
         self._loaded_blocks += len(block_ids)
-        return LoadStoreSpec(np.array(block_ids, dtype=np.int64))
+        return HostBlocks(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         """Release the pins of a finished load; every hash must be one being loaded."""
@@ -222,8 +223,8 @@ class CPUOffloadingManager:
         get, ref_counts = self._policy.get, self._ref_counts
         try:
             block_ids = [get(block_hash) for block_hash in hashes]
-        except TypeError:
-            raise _unhashable("complete_load", hashes) from None
+        except TypeError as error:
+            raise _hash_error("complete_load", hashes, error) from None
         released = 0
         for position, (block_hash, block_id) in enumerate(zip(hashes, block_ids)):
             if block_id is None or ref_counts[block_id] <= 0:
@@ -241,7 +242,7 @@ class CPUOffloadingManager:
 
     # --- stores ---
 
-    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> StorePlan | None:
         """Allocate host slots for the hashes not cached yet, evicting if needed.
 
         Returns None, changing nothing, when not enough blocks can be evicted: only ready, idle
@@ -251,8 +252,8 @@ class CPUOffloadingManager:
         get = self._policy.get
         try:
             unique = dict.fromkeys(hashes)
-        except TypeError:
-            raise _unhashable("prepare_store", hashes) from None
+        except TypeError as error:
+            raise _hash_error("prepare_store", hashes, error) from None
         to_store = [block_hash for block_hash in unique if get(block_hash) is None]
         named_cached = len(to_store) < len(unique)
         skipped = 0
@@ -263,7 +264,7 @@ class CPUOffloadingManager:
             to_store = admitted
         if not to_store:
             self._stores_skipped += skipped
-            return PrepareStoreOutput([], LoadStoreSpec(), [])
+            return StorePlan([], HostBlocks(), [])
 
         free_slots = self._free_slots
         shortfall = len(to_store) - len(free_slots)
@@ -278,7 +279,7 @@ class CPUOffloadingManager:
         self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
         self._stores_skipped += skipped
-        return PrepareStoreOutput(to_store, LoadStoreSpec(np.array(slots, dtype=np.int64)), evicted)
+        return StorePlan(to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted)
 
     def _evict(self, shortfall: int, named: Collection[BlockHash]) -> list[BlockHash] | None:
         """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot."""
@@ -308,8 +309,8 @@ class CPUOffloadingManager:
         listed = _hash_list(block_hashes)
         try:
             hashes = dict.fromkeys(listed)
-        except TypeError:
-            raise _unhashable("complete_store", listed) from None
+        except TypeError as error:
+            raise _hash_error("complete_store", listed, error) from None
         ref_counts = self._ref_counts
         pending = [
             (block_hash, block_id)
@@ -336,9 +337,9 @@ class CPUOffloadingManager:
     # --- events, reset and stats ---
 
     def _emit(self, block_hashes: list[BlockHash], removed: bool) -> None:
-        self._events.append(OffloadingEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
+        self._events.append(BlockEvent(block_hashes, self.block_size, MEDIUM_CPU, removed))
 
-    def take_events(self) -> Iterator[OffloadingEvent]:
+    def take_events(self) -> Iterator[BlockEvent]:
         """Yield the pending events in order, then clear them; none when events are disabled."""
         if self._events is not None:
             yield from self._events

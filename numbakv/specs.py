@@ -1,4 +1,9 @@
-"""The plain data the manager hands the worker side: picklable, with no references back into it."""
+"""The plain data the manager hands the worker side: picklable, with no references back into it.
+
+These are numbakv's own types, named for what they hold. vLLM has types of its own for the same
+roles (`LoadStoreSpec`, `PrepareStoreOutput`, `OffloadingEvent`, with other fields); the vLLM
+integration maps numbakv's to those in one place, `numbakv.integrations.vllm.convert`.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ MEDIUM_CPU = "CPU"
 
 
 @dataclass(eq=False, slots=True)
-class LoadStoreSpec:
+class HostBlocks:
     """Host block ids of one transfer, in the order of the hashes they answer (int64, as kernels take it)."""
 
     block_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
@@ -23,28 +28,24 @@ class LoadStoreSpec:
         return len(self.block_ids)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LoadStoreSpec):
+        if not isinstance(other, HostBlocks):
             return NotImplemented
         return np.array_equal(self.block_ids, other.block_ids)
 
     __hash__ = None  # mutable array inside: not hashable
 
-    @staticmethod
-    def medium() -> str:
-        return MEDIUM_CPU
-
 
 @dataclass(slots=True)
-class PrepareStoreOutput:
+class StorePlan:
     """What `prepare_store` decided: the hashes to write, where to write them, and what it evicted."""
 
     block_hashes_to_store: list
-    store_spec: LoadStoreSpec
+    store_spec: HostBlocks
     block_hashes_evicted: list
 
 
 @dataclass(slots=True)
-class OffloadingEvent:
+class BlockEvent:
     """Blocks that became ready (`removed=False`) or left the cache (`removed=True`)."""
 
     block_hashes: list

@@ -7,11 +7,11 @@ import pytest
 
 from numbakv import (
     POLICIES,
+    BlockEvent,
     CachePolicy,
     CPUOffloadingManager,
-    LoadStoreSpec,
-    OffloadingEvent,
-    PrepareStoreOutput,
+    HostBlocks,
+    StorePlan,
 )
 
 
@@ -48,7 +48,7 @@ def manager(request):
             "no.such",
         ),
         (
-            {"block_size": 16, "num_blocks": 4, "cache_policy": "numbakv.specs:LoadStoreSpec"},
+            {"block_size": 16, "num_blocks": 4, "cache_policy": "numbakv.specs:HostBlocks"},
             TypeError,
             "CachePolicy",
         ),
@@ -87,7 +87,7 @@ def test_prepare_store_skips_cached_and_duplicate_hashes(manager):
     output = manager.prepare_store([1, 3, 3, 2, 4])
     assert output.block_hashes_to_store == [3, 4]
     assert len(output.store_spec) == 2
-    assert manager.prepare_store([1, 2]) == PrepareStoreOutput([], LoadStoreSpec(), [])
+    assert manager.prepare_store([1, 2]) == StorePlan([], HostBlocks(), [])
 
 
 def test_eviction_frees_exactly_the_shortfall_and_reports_it_first(manager):
@@ -99,8 +99,8 @@ def test_eviction_frees_exactly_the_shortfall_and_reports_it_first(manager):
     manager.complete_store([5, 6])
     events = list(manager.take_events())
     assert events == [
-        OffloadingEvent(output.block_hashes_evicted, 16, "CPU", True),
-        OffloadingEvent([5, 6], 16, "CPU", False),
+        BlockEvent(output.block_hashes_evicted, 16, "CPU", True),
+        BlockEvent([5, 6], 16, "CPU", False),
     ]
     assert list(manager.take_events()) == []
 

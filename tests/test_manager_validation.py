@@ -83,3 +83,20 @@ def test_an_absurd_size_is_refused_by_name(argument, value):
 def test_the_largest_capacity_is_named_in_the_error():
     with pytest.raises(ValueError, match=r"2\*\*31"):
         CPUOffloadingManager(1, 2**40)
+
+
+def test_a_type_error_not_about_hashing_passes_through_as_it_is():
+    """Every hash is hashable here; their comparison fails. That error is not reworded as an
+    unhashable hash."""
+
+    class Incomparable:
+        def __hash__(self) -> int:
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            raise TypeError("cannot compare")
+
+    manager = CPUOffloadingManager(1, 4)
+    with pytest.raises(TypeError, match="^cannot compare$"):
+        manager.prepare_store([Incomparable(), Incomparable()])
+    assert manager.stats().used == 0

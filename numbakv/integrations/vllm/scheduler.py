@@ -4,7 +4,8 @@ Keys are vLLM's `OffloadKey`s (bytes), used as numbakv block hashes as they are.
 connector never calls `touch`, so recency comes from what a request does, in numbakv's replay
 order (docs/MANAGER.md): the chunks it loaded and the chunks it offers to store are touched
 together, head first, just before its store (or when it finishes, if it stores nothing); its new
-chunks then enter as the most recent. Never imports the data path: it runs in vLLM's scheduler.
+chunks then enter as the most recent. numbakv's results become vLLM's types in `.convert`. Never
+imports the data path: it runs in vLLM's scheduler.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import (
     LookupResult,
-    Medium,
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from numbakv.integrations.vllm import convert
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics
@@ -60,13 +61,13 @@ class NumbaKVOffloadingManager(OffloadingManager):
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HostChunksSpec:
-        spec = self.manager.prepare_load(keys)
+        blocks = self.manager.prepare_load(keys)
         loaded = req_context.get_state(_LoadedChunks)
         if loaded is None or loaded.generation != self._generation:
             loaded = _LoadedChunks(self._generation)
             req_context.set_state(loaded)
         loaded.keys.extend(keys)
-        return HostChunksSpec(spec.block_ids)
+        return convert.host_chunks_spec(blocks)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.manager.complete_load(keys)
@@ -76,14 +77,8 @@ class NumbaKVOffloadingManager(OffloadingManager):
     ) -> PrepareStoreOutput | None:
         keys = list(keys)
         self.manager.touch(self._take_loaded(req_context) + keys)
-        output = self.manager.prepare_store(keys)
-        if output is None:
-            return None
-        return PrepareStoreOutput(
-            keys_to_store=output.block_hashes_to_store,
-            store_spec=HostChunksSpec(output.store_spec.block_ids),
-            evicted_keys=output.block_hashes_evicted,
-        )
+        plan = self.manager.prepare_store(keys)
+        return None if plan is None else convert.prepare_store_output(plan)
 
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
@@ -105,8 +100,7 @@ class NumbaKVOffloadingManager(OffloadingManager):
         return keys
 
     def take_events(self) -> Iterator[OffloadingEvent]:
-        for event in self.manager.take_events():
-            yield OffloadingEvent(keys=event.block_hashes, medium=Medium.CPU, removed=event.removed)
+        return map(convert.offloading_event, self.manager.take_events())
 
     def reset_cache(self) -> None:
         self.manager.reset_cache()
