@@ -136,6 +136,7 @@ def _overlap(torch, layout, pool, n: int) -> list[dict]:
         DEFAULT_THREADS_PER_BLOCK,
         TransferEngine,
     )
+    from numbakv.jobs import Direction
 
     a = torch.randn((8192, 8192), dtype=torch.float16, device="cuda")
     gpu_ids, host_ids = np.arange(n), np.arange(n)
@@ -156,7 +157,7 @@ def _overlap(torch, layout, pool, n: int) -> list[dict]:
         torch.cuda.synchronize()
         return time.perf_counter() - started, result
 
-    default = (DEFAULT_THREADS_PER_BLOCK, DEFAULT_MAX_THREAD_BLOCKS)
+    default = (DEFAULT_THREADS_PER_BLOCK[Direction.STORE], DEFAULT_MAX_THREAD_BLOCKS)
     shapes = [default] + [shape for shape in OVERLAP_SHAPES if shape != default]
     results = []
     for threads, blocks in shapes:

@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from numbakv.datapath import (
     COMPILE_SECONDS,
     DEFAULT_MAX_THREAD_BLOCKS,
-    DEFAULT_THREADS_PER_BLOCK,
     HostPool,
     KVLayout,
     LayoutKind,
@@ -55,7 +54,7 @@ FULL = {
     "layers": 32,
     "job_mib": 1024,
     "thread_blocks": [8, 16, 32, 132, None],
-    "threads_per_block": DEFAULT_THREADS_PER_BLOCK,
+    "threads_per_block": None,  # the engine's default, per direction
     "launch_shapes": {
         "chunk": 16384,
         "shapes": [(128, 16), (128, 32), (256, 8), (256, 16), (256, 32), (512, 16), (1024, 8)]
@@ -143,7 +142,7 @@ class ChunkBench:
     """`layers` layers of `2 * blocks` blocks of `chunk` bytes (torch tensors when torch is
     there, so its peer reads the same memory), a pool as large, random scattered ids."""
 
-    def __init__(self, chunk: int, layers: int, blocks: int, threads_per_block: int, torch):
+    def __init__(self, chunk: int, layers: int, blocks: int, threads_per_block: int | None, torch):
         self.chunk, self.torch = chunk, torch
         self.threads_per_block = threads_per_block
         self.blocks = blocks
@@ -503,9 +502,7 @@ def main() -> None:
         return
     if args.submit_cost:
         step = FULL["per_step"]
-        bench = ChunkBench(
-            step["chunk"], step["layers"], step["blocks"], DEFAULT_THREADS_PER_BLOCK, None
-        )
+        bench = ChunkBench(step["chunk"], step["layers"], step["blocks"], None, None)
         seconds = bench.submit_seconds_without_launch(200, step["blocks"])
         print(
             f"submit of {step['blocks']} blocks x {step['layers']} layers x "

@@ -47,7 +47,7 @@ class DemoConfig:
     mode: str = "eager"
     trace: str | None = None
     requests: int | None = None  # the first this many requests of the workload; None: all
-    threads_per_block: int = 32
+    threads_per_block: int | None = 32  # None: the engine's default, per direction
     max_thread_blocks: int | None = 2
 
 

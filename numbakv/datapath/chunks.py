@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from numbakv.datapath._device import array_interface, interface_strides
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout, LayoutKind
 from numbakv.datapath.transfer import TransferEngine
@@ -252,8 +253,26 @@ def _group_layout(group: int, refs: GroupRefs, block_arrays: Sequence[Any]) -> K
                 f"KV cache group {group}: tensor {tensor_index} has shape {tuple(array.shape)}, "
                 f"expected [num_blocks, page_bytes >= {page_bytes}]"
             )
-        views.append(array[:, None, :page_bytes])  # [num_blocks, 1, page]: block-major like MLA
+        views.append(_Pages(array, page_bytes))
     try:
         return KVLayout.from_arrays(LayoutKind.MLA, views)
     except (TypeError, ValueError) as error:
         raise ValueError(f"KV cache group {group}: {error}") from None
+
+
+class _Pages:
+    """The first `page_bytes` of each row of a `[num_blocks, row]` array as the block-major
+    `[num_blocks, 1, page]` array an MLA layout takes: the same memory, described anew through
+    the CUDA array interface (a Numba device array cannot gain an axis by indexing)."""
+
+    def __init__(self, array: Any, page_bytes: int) -> None:
+        interface = array_interface(array)
+        row_stride, item_stride = interface_strides(interface)
+        self.__cuda_array_interface__ = {
+            "shape": (int(interface["shape"][0]), 1, page_bytes),
+            "strides": (row_stride, page_bytes * item_stride, item_stride),
+            "typestr": interface["typestr"],
+            "data": interface["data"],
+            "version": 3,
+        }
+        self.array = array  # keeps the memory alive

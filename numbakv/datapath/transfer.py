@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -42,10 +43,11 @@ from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 DEFAULT_MAX_THREAD_BLOCKS = 16
 """Thread blocks a job may hold by default: 16 leave the other SMs to the engine's kernels and the
 other direction's job (docs/DATAPATH.md, "Launch shape")."""
-DEFAULT_THREADS_PER_BLOCK = 256
-"""Threads of each thread block by default. On an H200, 16 blocks of 256 stored at the same rate
-as 16 of 1024, and slowed the matrix products running beside them far less: a smaller block
-leaves room on its SM for one of theirs (docs/BENCHMARKS.md)."""
+DEFAULT_THREADS_PER_BLOCK = MappingProxyType({Direction.STORE: 128, Direction.LOAD: 1024})
+"""Threads of each thread block by default, per direction (measured on an H200, docs/BENCHMARKS.md):
+a store's writes are posted, so 16 blocks of 128 threads reach the link's rate and slow the
+compute beside them 7 times less than 16 of 1024; a load's reads wait a round trip each, and
+need 16 of 1024 to keep enough of them in flight."""
 
 
 class GPUFault(RuntimeError):
@@ -95,6 +97,7 @@ class _Lane:
         max_jobs_in_flight: int,
     ) -> None:
         self.direction = direction
+        self.threads_per_block = threads_per_block
         self.stream = new_stream()
         self.stream_at = handle_of(self.stream)
         self.device_ids = cuda.device_array(2 * num_destinations, dtype=np.int64)
@@ -128,7 +131,7 @@ class TransferEngine:
         host_pool: HostPool,
         *,
         max_thread_blocks: int | None = DEFAULT_MAX_THREAD_BLOCKS,
-        threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
+        threads_per_block: int | None = None,
         max_jobs_in_flight: int = 8,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
@@ -136,7 +139,9 @@ class TransferEngine:
             raise ValueError(
                 f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}"
             )
-        if threads_per_block % kernels.WARP_SIZE or not 0 < threads_per_block <= 1024:
+        if threads_per_block is not None and (
+            threads_per_block % kernels.WARP_SIZE or not 0 < threads_per_block <= 1024
+        ):
             raise ValueError(
                 f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}"
             )
@@ -148,7 +153,12 @@ class TransferEngine:
         self.layout = layout
         self.host_pool = host_pool
         self.max_thread_blocks = max_thread_blocks
-        self.threads_per_block = threads_per_block
+        self.threads_per_block = (
+            dict(DEFAULT_THREADS_PER_BLOCK)
+            if threads_per_block is None
+            else dict.fromkeys(Direction, threads_per_block)
+        )
+        """Threads of each thread block, per direction (one `threads_per_block` sets both)."""
         self.on_job_done = on_job_done
 
         word = layout.word.itemsize
@@ -168,7 +178,7 @@ class TransferEngine:
                 direction,
                 kernels.get_kernel(name, layout.word),
                 kernel_args,
-                threads_per_block,
+                self.threads_per_block[direction],
                 num_destinations,
                 max_jobs_in_flight,
             )
@@ -267,7 +277,7 @@ class TransferEngine:
                     lane.stream_at,
                 )
                 grid = kernels.grid_size(
-                    count * self._items_per_pair, self.threads_per_block, self.max_thread_blocks
+                    count * self._items_per_pair, lane.threads_per_block, self.max_thread_blocks
                 )
                 lane.launch(grid, count)
             record(slot.end_at, lane.stream_at)
