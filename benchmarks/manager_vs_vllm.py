@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from numbakv import CPUOffloadingManager
-from numbakv.replay import replay_request
-from numbakv.traces import read_hash_chains
+from numbakv.tools.replay import replay_request
+from numbakv.tools.traces import read_hash_chains
 
 NUMBAKV_POLICIES = ("lru", "arc", "s3fifo", "sieve", "sarc")
 VLLM_POLICIES = ("lru", "arc")

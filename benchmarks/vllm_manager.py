@@ -26,8 +26,8 @@ from vllm_baseline import offload_chains, vllm_manager
 
 from numbakv import CPUOffloadingManager
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
-from numbakv.traces import read_hash_chains
-from numbakv.workloads import multi_turn_chat
+from numbakv.tools.traces import read_hash_chains
+from numbakv.tools.workloads import multi_turn_chat
 
 
 def connector_request(

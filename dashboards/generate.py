@@ -13,7 +13,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from numbakv.cli import Parser, missing_extra, output_file
+from numbakv.tools.cli import Parser, missing_extra, output_file
 
 OUTPUT = pathlib.Path(__file__).with_name("numbakv.json")
 

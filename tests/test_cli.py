@@ -10,41 +10,41 @@ import sys
 
 import pytest
 
-import numbakv.demo
-import numbakv.replay
+import numbakv.tools.demo
+import numbakv.tools.replay
 from dashboards import generate
-from numbakv import demo, replay, workloads
-from numbakv.progress import Progress
-from numbakv.traces import read_hash_chains
+from numbakv.tools import demo, replay_command, workloads
+from numbakv.tools.progress import Progress
+from numbakv.tools.traces import read_hash_chains
 from tests.replaying import interrupted_at
 
 BIG = "999999999999999999999"
 # (command, arguments, text the error must show: the flag and what it got). "{dir}" is a directory
 # that exists, "{file}" a trace file.
 BAD_INPUT = [
-    (replay.main, ["--capacity", BIG], ["--capacity", BIG]),
-    (replay.main, ["--capacity", "0"], ["--capacity", "'0'"]),
-    (replay.main, ["--capacity", "-3"], ["--capacity", "'-3'"]),
-    (replay.main, ["--capacity", "lots"], ["--capacity", "'lots'"]),
-    (replay.main, ["--capacity", "1.5"], ["--capacity", "'1.5'", "whole"]),
-    (replay.main, ["--capacity", "64GiB"], ["--capacity", "'64GiB'", "--block-bytes"]),
-    (replay.main, ["--capacity", "64parsecs", "--block-bytes", "1"], ["--capacity", "'parsecs'"]),
-    (replay.main, ["--capacity", "1KiB", "--block-bytes", "2KiB"], ["--capacity", "'1KiB'"]),
-    (replay.main, ["--capacity", "100,1GiB", "--block-bytes", "1MiB"], ["--capacity", "a mix"]),
-    (replay.main, ["--capacity", ","], ["--capacity", "','"]),
-    (replay.main, ["--block-bytes", "0"], ["--block-bytes", "'0'"]),
-    (replay.main, ["--block-bytes", "0.5"], ["--block-bytes", "'0.5'"]),
-    (replay.main, ["--block-bytes", "x"], ["--block-bytes", "'x'"]),
-    (replay.main, ["--policy", "nope"], ["--policy", "'nope'", "lru", "belady"]),
-    (replay.main, ["--policy", ","], ["--policy", "','"]),
-    (replay.main, ["--policy", "no_such_module:Policy"], ["--policy", "no_such_module:Policy"]),
-    (replay.main, ["--store-threshold", "0"], ["--store-threshold", "'0'"]),
-    (replay.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),
-    (replay.main, ["--plot", "{dir}"], ["--plot", "not a directory"]),
-    (replay.main, ["--plot", "{dir}/x.txt"], ["--plot", "x.txt", ".png"]),
-    (replay.main, ["missing.jsonl"], ["TRACE", "'missing.jsonl'", "mooncake_conversation"]),
-    (replay.main, ["{dir}"], ["TRACE", "not a file"]),
-    (replay.main, ["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    (replay_command.main, ["--capacity", BIG], ["--capacity", BIG]),
+    (replay_command.main, ["--capacity", "0"], ["--capacity", "'0'"]),
+    (replay_command.main, ["--capacity", "-3"], ["--capacity", "'-3'"]),
+    (replay_command.main, ["--capacity", "lots"], ["--capacity", "'lots'"]),
+    (replay_command.main, ["--capacity", "1.5"], ["--capacity", "'1.5'", "whole"]),
+    (replay_command.main, ["--capacity", "64GiB"], ["--capacity", "'64GiB'", "--block-bytes"]),
+    (replay_command.main, ["--capacity", "64parsecs", "--block-bytes", "1"], ["--capacity", "'parsecs'"]),
+    (replay_command.main, ["--capacity", "1KiB", "--block-bytes", "2KiB"], ["--capacity", "'1KiB'"]),
+    (replay_command.main, ["--capacity", "100,1GiB", "--block-bytes", "1MiB"], ["--capacity", "a mix"]),
+    (replay_command.main, ["--capacity", ","], ["--capacity", "','"]),
+    (replay_command.main, ["--block-bytes", "0"], ["--block-bytes", "'0'"]),
+    (replay_command.main, ["--block-bytes", "0.5"], ["--block-bytes", "'0.5'"]),
+    (replay_command.main, ["--block-bytes", "x"], ["--block-bytes", "'x'"]),
+    (replay_command.main, ["--policy", "nope"], ["--policy", "'nope'", "lru", "belady"]),
+    (replay_command.main, ["--policy", ","], ["--policy", "','"]),
+    (replay_command.main, ["--policy", "no_such_module:Policy"], ["--policy", "no_such_module:Policy"]),
+    (replay_command.main, ["--store-threshold", "0"], ["--store-threshold", "'0'"]),
+    (replay_command.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),
+    (replay_command.main, ["--plot", "{dir}"], ["--plot", "not a directory"]),
+    (replay_command.main, ["--plot", "{dir}/x.txt"], ["--plot", "x.txt", ".png"]),
+    (replay_command.main, ["missing.jsonl"], ["TRACE", "'missing.jsonl'", "mooncake_conversation"]),
+    (replay_command.main, ["{dir}"], ["TRACE", "not a file"]),
+    (replay_command.main, ["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
     (workloads.main, ["--seed", "-1", "--out", "{dir}/w.jsonl"], ["--seed", "'-1'", ">= 0"]),
     (workloads.main, ["--seed", "x", "--out", "{dir}/w.jsonl"], ["--seed", "'x'"]),
     (workloads.main, ["--out", "/missing/dir/w.jsonl"], ["--out", "'/missing/dir/w.jsonl'"]),
@@ -114,7 +114,7 @@ def test_commands_answer_bad_input_without_a_traceback(command, tmp_path):
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
-@pytest.mark.parametrize("command", [replay, demo, workloads, generate])
+@pytest.mark.parametrize("command", [replay_command, demo, workloads, generate])
 def test_every_option_has_help_with_its_default(command):
     for action in command._parser()._actions:
         if isinstance(action, argparse._HelpAction):
@@ -125,8 +125,8 @@ def test_every_option_has_help_with_its_default(command):
 
 
 def test_replay_ctrl_c_ends_with_one_line_and_the_partial_table(monkeypatch, capsys):
-    monkeypatch.setattr(numbakv.replay, "replay_request", interrupted_at(9000))  # in run 2
-    status = replay.main(["--policy", "lru,arc", "--capacity", "1000", "--json"])
+    monkeypatch.setattr(numbakv.tools.replay, "replay_request", interrupted_at(9000))  # in run 2
+    status = replay_command.main(["--policy", "lru,arc", "--capacity", "1000", "--json"])
     assert status == 130
     out, err = capsys.readouterr()
     first = err.splitlines()[0]
@@ -140,7 +140,7 @@ def test_replay_ctrl_c_ends_with_one_line_and_the_partial_table(monkeypatch, cap
 
 def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, capsys):
     served = 0
-    real = numbakv.demo.StandInEngine.serve
+    real = numbakv.tools.demo.StandInEngine.serve
 
     def interrupted_at_the_fourth_request(self, chain):
         nonlocal served
@@ -149,7 +149,9 @@ def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, caps
             raise KeyboardInterrupt
         real(self, chain)
 
-    monkeypatch.setattr(numbakv.demo.StandInEngine, "serve", interrupted_at_the_fourth_request)
+    monkeypatch.setattr(
+        numbakv.tools.demo.StandInEngine, "serve", interrupted_at_the_fourth_request
+    )
     assert demo.main(["--sessions", "3", "--json"]) == 130
     out, err = capsys.readouterr()
     assert "numbakv-demo: interrupted after 3 of " in err and "Traceback" not in err
@@ -173,7 +175,7 @@ def test_progress_off_a_terminal_is_a_plain_line_every_interval(tmp_path):
 
 
 def test_loading_reports_progress_off_a_terminal(monkeypatch, capsys):
-    monkeypatch.setattr("numbakv.progress.INTERVAL", 0.0)
+    monkeypatch.setattr("numbakv.tools.progress.INTERVAL", 0.0)
 
     read_hash_chains("mooncake_conversation", progress=True)
     err = capsys.readouterr().err

@@ -3,7 +3,7 @@
 import pytest
 
 from numbakv.datapath import DEFAULT_MAX_THREAD_BLOCKS
-from numbakv.demo import DemoConfig, run
+from numbakv.tools.demo import DemoConfig, run
 
 
 @pytest.mark.gpu

@@ -155,7 +155,7 @@ def test_readme_commands_run_on_a_copy_with_nothing_beside_it(tmp_path):
         [
             "python3",
             "-c",
-            "import numbakv.traces as t; print(t.SAMPLE_TRACES['mooncake_conversation'])",
+            "import numbakv.tools.traces as t; print(t.SAMPLE_TRACES['mooncake_conversation'])",
         ],
         cwd=clone,
         env=env,

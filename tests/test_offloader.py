@@ -8,7 +8,8 @@ from numba import cuda
 
 from numbakv import CPUOffloadingManager
 from numbakv.datapath import HostPool, TransferEngine
-from numbakv.demo import (
+from numbakv.offloader import KVOffloader
+from numbakv.tools.demo import (
     DemoConfig,
     DemoReport,
     StandInEngine,
@@ -17,7 +18,6 @@ from numbakv.demo import (
     build_kv_cache,
     run,
 )
-from numbakv.offloader import KVOffloader
 from tests.datapath_cases import make_cache, outcomes
 
 

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from numbakv.planning import Capacity, bytes_label, parse_block_bytes, parse_capacity
-from numbakv.replay import main, replay
-from numbakv.traces import read_hash_chains, write_trace
-from numbakv.workloads import mixed_traffic
+from numbakv.tools.planning import Capacity, bytes_label, parse_block_bytes, parse_capacity
+from numbakv.tools.replay import replay
+from numbakv.tools.replay_command import main
+from numbakv.tools.traces import read_hash_chains, write_trace
+from numbakv.tools.workloads import mixed_traffic
 
 
 @pytest.fixture(scope="module")

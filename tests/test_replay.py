@@ -6,11 +6,12 @@ import sys
 
 import pytest
 
-import numbakv.replay
+import numbakv.tools.replay
 from numbakv import POLICIES, CPUOffloadingManager
-from numbakv.replay import ReplayInterrupted, main, replay, replay_grid, replay_request
-from numbakv.traces import SAMPLE_TRACES, TraceRequest, read_hash_chains, write_trace
-from numbakv.workloads import mixed_traffic
+from numbakv.tools.replay import ReplayInterrupted, replay, replay_grid, replay_request
+from numbakv.tools.replay_command import main
+from numbakv.tools.traces import SAMPLE_TRACES, TraceRequest, read_hash_chains, write_trace
+from numbakv.tools.workloads import mixed_traffic
 from tests.replaying import interrupted_at
 
 MOONCAKE = SAMPLE_TRACES["mooncake_conversation"]
@@ -43,7 +44,7 @@ def test_a_capacity_beyond_the_trace_is_an_unbounded_cache(policy):
 
 
 def test_ctrl_c_carries_the_runs_so_far(monkeypatch):
-    monkeypatch.setattr(numbakv.replay, "replay_request", interrupted_at(150))
+    monkeypatch.setattr(numbakv.tools.replay, "replay_request", interrupted_at(150))
     with pytest.raises(ReplayInterrupted) as info:
         replay_grid([[block] for block in range(100)], ["lru"], [10, 20, 30])
     assert isinstance(info.value, KeyboardInterrupt)  # callers catching Ctrl-C still do

@@ -25,8 +25,8 @@ from vllm.v1.kv_offload.base import (
 from numbakv import POLICIES, CPUOffloadingManager
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
-from numbakv.replay import replay
-from numbakv.workloads import multi_turn_chat
+from numbakv.tools.replay import replay
+from numbakv.tools.workloads import multi_turn_chat
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

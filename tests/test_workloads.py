@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from numbakv.traces import TraceRequest, read_hash_chains, write_trace
-from numbakv.workloads import WORKLOADS, main, mixed_traffic, multi_turn_chat
+from numbakv.tools.traces import TraceRequest, read_hash_chains, write_trace
+from numbakv.tools.workloads import WORKLOADS, main, mixed_traffic, multi_turn_chat
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))

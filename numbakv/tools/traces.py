@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from numbakv.progress import Progress
+from numbakv.tools.progress import Progress
 
 SAMPLE_TRACES: dict[str, Path] = {
-    path.stem: path for path in sorted(Path(__file__).with_name("data").glob("*.jsonl"))
+    path.stem: path for path in sorted((Path(__file__).parents[1] / "data").glob("*.jsonl"))
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from numbakv.progress import Progress
+from numbakv.tools.progress import Progress
 
 BELADY = "belady"  # its name where policies are named; a replay-only reference, not a policy
 NEVER = float("inf")

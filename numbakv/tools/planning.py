@@ -7,12 +7,9 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from numbakv.belady import BELADY
-
-if TYPE_CHECKING:
-    from numbakv.replay import ReplayResult
+from numbakv.tools.belady import BELADY
+from numbakv.tools.replay import ReplayResult
 
 # Unit spellings as printed; parsing ignores case ("64gib" is 64 GiB).
 BYTE_UNITS = {

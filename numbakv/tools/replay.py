@@ -1,0 +1,168 @@
+"""Replaying request traces through the manager: hit ratios of a policy at a capacity.
+
+Each request is looked up, touched, and its missing tail stored (docs/MANAGER.md, "Replay");
+`python3 -m numbakv.replay` is the command line over it (numbakv.tools.replay_command).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from numbakv.manager import CPUOffloadingManager
+from numbakv.tools.belady import BELADY, belady_hits
+from numbakv.tools.progress import Progress
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    policy: str
+    capacity: int
+    requests: int
+    references: int
+    hits: int
+    hit_ratio: float
+    evictions: int
+    stores_skipped: int
+    block_operations: int
+    seconds: float
+
+    @property
+    def block_operations_per_second(self) -> float:
+        return self.block_operations / self.seconds if self.seconds > 0 else float("inf")
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a replay. Still a KeyboardInterrupt; `results` holds the runs finished and,
+    last, the one cut short (its `requests` counts the requests it replayed)."""
+
+    def __init__(self, results: list[ReplayResult]) -> None:
+        super().__init__()
+        self.results = results
+
+
+def replay_request(manager: CPUOffloadingManager, chain: Sequence[int]) -> tuple[int, int]:
+    """One request under the trace's replay semantics: look it up, touch it, store its missing
+    tail. Returns (blocks hit, blocks stored)."""
+    hits = manager.lookup(chain)
+    manager.touch(chain)
+    output = manager.prepare_store(chain[hits:])
+    if output is None:
+        return hits, 0
+    manager.complete_store(output.block_hashes_to_store)
+    return hits, len(output.block_hashes_to_store)
+
+
+def replay(
+    chains: Sequence[Sequence[int]],
+    policy: str = "lru",
+    capacity: int = 10_000,
+    store_threshold: int = 1,
+    progress: bool = False,
+) -> ReplayResult:
+    """Replay the chains in order, one request at a time, through a fresh manager.
+
+    `policy="belady"` replays Belady's MIN instead (clairvoyant; no manager involved). A capacity
+    beyond the trace's block references is never filled, so the manager gets only that many
+    slots. `progress` reports on stderr; Ctrl-C raises ReplayInterrupted with the partial result.
+    """
+    with Progress("replaying", len(chains), "req", enabled=progress) as meter:
+        return _replay(chains, policy, capacity, store_threshold, meter)
+
+
+def replay_grid(
+    chains: Sequence[Sequence[int]],
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    store_threshold: int = 1,
+    progress: bool = False,
+) -> list[ReplayResult]:
+    """One replay per policy and capacity, policy by policy, capacities in the order given.
+
+    `progress` reports on the whole grid; Ctrl-C raises ReplayInterrupted with the runs finished
+    and the one cut short."""
+    runs = [(policy, capacity) for policy in policies for capacity in capacities]
+    results: list[ReplayResult] = []
+    with Progress("replaying", len(runs) * len(chains), "req", enabled=progress) as meter:
+        try:
+            for number, (policy, capacity) in enumerate(runs, start=1):
+                meter.describe(f"{policy} at {capacity:,} blocks (run {number} of {len(runs)})")
+                results.append(_replay(chains, policy, capacity, store_threshold, meter))
+        except ReplayInterrupted as cut_short:
+            raise ReplayInterrupted(results + cut_short.results) from None
+        except KeyboardInterrupt:  # between two runs
+            raise ReplayInterrupted(results) from None
+    return results
+
+
+def _replay(
+    chains: Sequence[Sequence[int]],
+    policy: str,
+    capacity: int,
+    store_threshold: int,
+    meter: Progress,
+) -> ReplayResult:
+    if policy == BELADY:
+        return _replay_belady(chains, capacity, meter)
+    slots = max(1, min(capacity, sum(map(len, chains))))
+    manager = CPUOffloadingManager(
+        block_size=1, num_blocks=slots, cache_policy=policy, store_threshold=store_threshold
+    )
+    requests = block_operations = 0
+    started = time.perf_counter()
+    try:
+        for chain in chains:
+            hits, stored = replay_request(manager, chain)
+            block_operations += 2 * len(chain) + len(chain) - hits + stored
+            requests += 1
+            meter.update()
+    except KeyboardInterrupt:
+        partial = _manager_result(manager, policy, capacity, requests, block_operations, started)
+        raise ReplayInterrupted([partial]) from None
+    return _manager_result(manager, policy, capacity, requests, block_operations, started)
+
+
+def _manager_result(
+    manager: CPUOffloadingManager,
+    policy: str,
+    capacity: int,
+    requests: int,
+    block_operations: int,
+    started: float,
+) -> ReplayResult:
+    seconds = time.perf_counter() - started
+    stats = manager.stats()
+    references = stats.hit_blocks + stats.missed_blocks
+    return ReplayResult(
+        policy=policy,
+        capacity=capacity,
+        requests=requests,
+        references=references,
+        hits=stats.hit_blocks,
+        hit_ratio=stats.hit_blocks / references if references else 0.0,
+        evictions=stats.evicted_blocks,
+        stores_skipped=stats.stores_skipped,
+        block_operations=block_operations,
+        seconds=seconds,
+    )
+
+
+def _replay_belady(chains: Sequence[Sequence[int]], capacity: int, meter: Progress) -> ReplayResult:
+    started = time.perf_counter()
+    try:
+        hits, references, evictions = belady_hits(chains, capacity, meter)
+    except KeyboardInterrupt:  # MIN keeps no partial result
+        raise ReplayInterrupted([]) from None
+    return ReplayResult(
+        policy=BELADY,
+        capacity=capacity,
+        requests=len(chains),
+        references=references,
+        hits=hits,
+        hit_ratio=hits / references if references else 0.0,
+        evictions=evictions,
+        stores_skipped=0,
+        block_operations=references,
+        seconds=time.perf_counter() - started,
+    )
