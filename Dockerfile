@@ -1,6 +1,7 @@
 # The numbakv sidecar: serves the metrics an engine's processes write to a shared directory.
-# Installs prometheus-client, FastAPI and uvicorn (pinned in service/requirements.txt) and, with
-# --no-deps, only numbakv/metrics/ and service/ of the project: no NumPy, no Numba.
+# Installs prometheus-client, FastAPI and uvicorn (pinned in service/requirements.txt) and the
+# project with --no-deps: its pure-Python package, without NumPy or Numba, which the sidecar
+# never imports.
 # Wheels found in wheelhouse/ are used first; build with --build-arg PIP_NO_INDEX=1 to use nothing else.
 ARG BASE=python:3.11.11-slim-bookworm
 
@@ -15,8 +16,9 @@ COPY service/requirements.txt service/requirements.txt
 RUN python3 -m venv /opt/sidecar \
     && /opt/sidecar/bin/pip install --no-cache-dir --find-links wheelhouse --requirement service/requirements.txt
 COPY pyproject.toml README.md ./
-COPY numbakv/metrics/ numbakv/metrics/
+COPY numbakv/ numbakv/
 COPY service/ service/
+COPY dashboards/ dashboards/
 RUN /opt/sidecar/bin/pip install --no-cache-dir --find-links wheelhouse --no-deps .
 
 FROM ${BASE}
@@ -30,5 +32,5 @@ ENV PATH=/opt/sidecar/bin:$PATH \
     NUMBAKV_METRICS_DIR=/metrics
 USER 10001:10001
 EXPOSE 9464
-HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 CMD ["python3", "-m", "service.healthcheck"]
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 CMD ["python3", "-m", "numbakv.service.healthcheck"]
 ENTRYPOINT ["numbakv-sidecar"]

@@ -29,7 +29,7 @@ TIMEOUT_S = 2.0
 
 @contextlib.contextmanager
 def running_sidecar(directory: str, **popen) -> Iterator[tuple[subprocess.Popen, int]]:
-    """``python -m service`` (the ``numbakv-sidecar`` entry point, default settings) on a free
+    """``python -m numbakv.service`` (the ``numbakv-sidecar`` entry point, default settings) on a free
     port of 127.0.0.1, ready; stopped on exit."""
     port = free_port()
     with sidecar(directory, port, **popen) as process:

@@ -3,7 +3,7 @@
 Four writer processes (real CPUOffloadingManagers of 1,000, 2,000, 4,000 and 8,000 blocks, so that
 every set of live writers has its own capacity sum) record metrics into one directory; every few
 seconds one of them is SIGKILLed and restarted; meanwhile stray files come and go (counter files of
-other processes, FIFOs, unknown and truncated files). The sidecar (``python -m service``, default
+other processes, FIFOs, unknown and truncated files). The sidecar (``python -m numbakv.service``, default
 settings) is scraped at 200/s from 8 kept-alive connections, each sending its share one request
 after the other. Checked, for the whole run:
 

@@ -1,1 +1,1 @@
-"""Grafana dashboards for numbakv, generated from code (``python -m dashboards.generate``)."""
+"""Grafana dashboards for numbakv, generated from code (``python -m numbakv.dashboards.generate``)."""

@@ -1,5 +1,5 @@
 """The numbakv Grafana dashboard as code, built with Grafana Labs' grafana-foundation-sdk (the
-``dashboards`` extra). ``python -m dashboards.generate`` renders it (see there)."""
+``dashboards`` extra). ``python -m numbakv.dashboards.generate`` renders it (see there)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Write the numbakv Grafana dashboard's JSON, generated from code (``dashboards/board.py``).
 
-    python -m dashboards.generate [--out FILE]        # or: numbakv-dashboards [--out FILE]
+    python -m numbakv.dashboards.generate [--out FILE]        # or: numbakv-dashboards [--out FILE]
 
 Without --out the JSON goes to stdout. The copy Grafana provisions from, ``dashboards/numbakv.json``
 (``OUTPUT``), is committed; after changing a panel regenerate it with
-``python -m dashboards.generate --out dashboards/numbakv.json`` (a test fails while it is stale).
+``python -m numbakv.dashboards.generate --out dashboards/numbakv.json`` (a test fails while it is stale).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        from dashboards.board import render
+        from numbakv.dashboards.board import render
     except ImportError:
         missing_extra(parser.prog, "generating the dashboard", "dashboards")
     text = render()

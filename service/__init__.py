@@ -1,12 +1,9 @@
 """The numbakv sidecar: serves what the engine's processes recorded in a prometheus-client multiprocess directory.
 
-Imports ``numbakv.metrics`` (metric names, the directory's files) and nothing else of numbakv, so it
-runs without NumPy or Numba.
+Imports ``numbakv.metrics`` (metric names, the directory's files) and the package's version, nothing
+else of numbakv, so it runs without NumPy or Numba.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from numbakv import __version__
 
-try:
-    __version__ = version("numbakv")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "unknown"
+__all__ = ["__version__"]

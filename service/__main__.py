@@ -1,5 +1,5 @@
-"""``python -m service``: the same as ``numbakv-sidecar``."""
+"""``python -m numbakv.service``: the same as ``numbakv-sidecar``."""
 
-from service.cli import main
+from numbakv.service.cli import main
 
 main()

@@ -18,14 +18,13 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import Response
+from numbakv.service import __version__
+from numbakv.service.metrics_dir import DirectoryState, MetricsDirectory, Reading
+from numbakv.service.models import Health, Stats
+from numbakv.service.settings import Settings
+from numbakv.service.stats import MAX_WINDOW_S, RateWindow, Totals, summarize, totals_from
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
-
-from service import __version__
-from service.metrics_dir import DirectoryState, MetricsDirectory, Reading
-from service.models import Health, Stats
-from service.settings import Settings
-from service.stats import MAX_WINDOW_S, RateWindow, Totals, summarize, totals_from
 
 logger = logging.getLogger(__name__)
 

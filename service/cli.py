@@ -7,8 +7,8 @@ import resource
 import sys
 from collections.abc import Sequence
 
-from service import __version__
-from service.settings import Settings, parse_settings
+from numbakv.service import __version__
+from numbakv.service.settings import Settings, parse_settings
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +22,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
     try:
         import uvicorn
-
-        from service.app import create_app
-        from service.connections import guarded_h11
+        from numbakv.service.app import create_app
+        from numbakv.service.connections import guarded_h11
     except ModuleNotFoundError as exc:
         print(
             f"numbakv-sidecar: the module {exc.name!r} is missing; the service extra installs "
@@ -60,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _log_to_stderr() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("service", "numbakv"):
+    for name in ("numbakv",):
         logging.getLogger(name).addHandler(handler)
         logging.getLogger(name).setLevel(logging.INFO)
 

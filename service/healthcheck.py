@@ -1,4 +1,4 @@
-"""``python -m service.healthcheck``: exit 0 when the local sidecar answers /healthz (the image's HEALTHCHECK)."""
+"""``python -m numbakv.service.healthcheck``: exit 0 when the local sidecar answers /healthz (the image's HEALTHCHECK)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import sys
 import urllib.request
 
-from service.settings import PORT_ENV
+from numbakv.service.settings import PORT_ENV
 
 
 def main() -> int:

@@ -7,10 +7,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from numbakv.service.models import DirectionStats, Stats
 from prometheus_client.metrics_core import Metric
 
 from numbakv.metrics.definitions import DIRECTIONS, Source, definition_of
-from service.models import DirectionStats, Stats
 
 MAX_WINDOW_S = 300.0
 

@@ -59,7 +59,7 @@ def sidecar(
     args = [
         sys.executable,
         "-m",
-        "service",
+        "numbakv.service",
         "--host",
         "127.0.0.1",
         "--port",

@@ -21,3 +21,14 @@ def test_manager_and_replay_import_without_numba():
         "assert 'numba' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_package_root_names_resolve_on_first_use():
+    code = (
+        "import sys, numbakv\n"
+        "assert [m for m in sys.modules if m.startswith('numbakv')] == ['numbakv']\n"
+        "for name in numbakv.__all__:\n"
+        "    getattr(numbakv, name)\n"
+        "assert sorted(dir(numbakv)) == sorted(numbakv.__all__)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from numbakv.dashboards import generate
 
 import numbakv.tools.demo
 import numbakv.tools.replay
-from dashboards import generate
 from numbakv.tools import demo, replay_command, workloads
 from numbakv.tools.progress import Progress
 from numbakv.tools.traces import read_hash_chains
@@ -28,16 +28,32 @@ BAD_INPUT = [
     (replay_command.main, ["--capacity", "lots"], ["--capacity", "'lots'"]),
     (replay_command.main, ["--capacity", "1.5"], ["--capacity", "'1.5'", "whole"]),
     (replay_command.main, ["--capacity", "64GiB"], ["--capacity", "'64GiB'", "--block-bytes"]),
-    (replay_command.main, ["--capacity", "64parsecs", "--block-bytes", "1"], ["--capacity", "'parsecs'"]),
-    (replay_command.main, ["--capacity", "1KiB", "--block-bytes", "2KiB"], ["--capacity", "'1KiB'"]),
-    (replay_command.main, ["--capacity", "100,1GiB", "--block-bytes", "1MiB"], ["--capacity", "a mix"]),
+    (
+        replay_command.main,
+        ["--capacity", "64parsecs", "--block-bytes", "1"],
+        ["--capacity", "'parsecs'"],
+    ),
+    (
+        replay_command.main,
+        ["--capacity", "1KiB", "--block-bytes", "2KiB"],
+        ["--capacity", "'1KiB'"],
+    ),
+    (
+        replay_command.main,
+        ["--capacity", "100,1GiB", "--block-bytes", "1MiB"],
+        ["--capacity", "a mix"],
+    ),
     (replay_command.main, ["--capacity", ","], ["--capacity", "','"]),
     (replay_command.main, ["--block-bytes", "0"], ["--block-bytes", "'0'"]),
     (replay_command.main, ["--block-bytes", "0.5"], ["--block-bytes", "'0.5'"]),
     (replay_command.main, ["--block-bytes", "x"], ["--block-bytes", "'x'"]),
     (replay_command.main, ["--policy", "nope"], ["--policy", "'nope'", "lru", "belady"]),
     (replay_command.main, ["--policy", ","], ["--policy", "','"]),
-    (replay_command.main, ["--policy", "no_such_module:Policy"], ["--policy", "no_such_module:Policy"]),
+    (
+        replay_command.main,
+        ["--policy", "no_such_module:Policy"],
+        ["--policy", "no_such_module:Policy"],
+    ),
     (replay_command.main, ["--store-threshold", "0"], ["--store-threshold", "'0'"]),
     (replay_command.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),
     (replay_command.main, ["--plot", "{dir}"], ["--plot", "not a directory"]),
@@ -103,7 +119,7 @@ def test_bad_input_is_one_line_and_status_2(main, argv, shows, tmp_path, capsys,
         ["numbakv.replay", "--capacity", BIG],
         ["numbakv.workloads", "--seed", "-1", "--out", "w.jsonl"],
         ["numbakv.demo", "--sessions", "0"],
-        ["dashboards.generate", "--out", "/missing/dir/board.json"],
+        ["numbakv.dashboards.generate", "--out", "/missing/dir/board.json"],
     ],
 )
 def test_commands_answer_bad_input_without_a_traceback(command, tmp_path):

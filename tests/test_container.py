@@ -147,7 +147,7 @@ def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
         image,
     )
     assert (
-        config == f"{IMAGE_UID}:{IMAGE_UID} [CMD python3 -m service.healthcheck] [numbakv-sidecar]"
+        config == f"{IMAGE_UID}:{IMAGE_UID} [CMD python3 -m numbakv.service.healthcheck] [numbakv-sidecar]"
     )
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir(mode=0o755)
@@ -190,7 +190,7 @@ def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
             assert capacity == [
                 'numbakv_host_capacity_blocks{instance="gpu1",policy="arc"} 1000.0'
             ], capacity
-            buildah("run", *env, container, "--", "python3", "-m", "service.healthcheck")
+            buildah("run", *env, container, "--", "python3", "-m", "numbakv.service.healthcheck")
         finally:
             server.terminate()
             server.wait(timeout=30)

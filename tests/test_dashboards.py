@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from numbakv.dashboards import generate
 
-from dashboards import generate
 from numbakv.metrics.definitions import POLICY_STATE
 
 board = pytest.importorskip(
-    "dashboards.board", reason="grafana-foundation-sdk (extra: dashboards) not installed"
+    "numbakv.dashboards.board", reason="grafana-foundation-sdk (extra: dashboards) not installed"
 )
 
 
@@ -22,7 +22,7 @@ def committed() -> dict:
 
 def test_committed_json_is_what_the_code_generates():
     assert generate.OUTPUT.read_text() == board.render(), (
-        "stale: run `python -m dashboards.generate --out dashboards/numbakv.json`"
+        "stale: run `python -m numbakv.dashboards.generate --out dashboards/numbakv.json`"
     )
 
 
@@ -63,7 +63,7 @@ def test_every_expression_filters_by_the_instance_variable():
 
 def test_generate_writes_stdout_or_out_from_any_directory(tmp_path):
     """Run as a module from outside the repository: JSON alone on stdout, or the file --out names."""
-    command = [sys.executable, "-m", "dashboards.generate"]
+    command = [sys.executable, "-m", "numbakv.dashboards.generate"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert done.stdout == generate.OUTPUT.read_text() and done.stderr == ""
     out = tmp_path / "board.json"
@@ -90,7 +90,7 @@ def test_generate_without_the_extra_names_the_pip_command(tmp_path):
         "        if name.startswith('grafana_foundation_sdk'):\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "from dashboards.generate import main\n"
+        "from numbakv.dashboards.generate import main\n"
         "sys.exit(main([]))\n"
     )
     done = subprocess.run(

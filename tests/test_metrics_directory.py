@@ -15,6 +15,7 @@ import sys
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from numbakv.service.metrics_dir import MetricsDirectory
 
 from numbakv.metrics import compaction
 from numbakv.metrics.directory import (
@@ -27,7 +28,6 @@ from numbakv.metrics.directory import (
     read_file,
 )
 from numbakv.metrics.liveness import claim, forget_dead_writers, writer_alive
-from service.metrics_dir import MetricsDirectory
 from tests.metrics_fakes import key, run_writers, start_writer, write_metrics_file
 
 COUNTER = key("jobs", "jobs_total", {"direction": "load"})

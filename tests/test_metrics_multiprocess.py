@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from numbakv.service.metrics_dir import MetricsDirectory
 
 from numbakv.metrics.liveness import writer_alive
-from service.metrics_dir import MetricsDirectory
 from tests.metrics_fakes import EXPECTED, run_engine_process, run_writers
 
 GAUGES = ("numbakv_host_", "numbakv_arc_")
@@ -55,7 +55,7 @@ def test_live_gauges_are_served_while_the_writer_runs(tmp_path):
         "import json\n"
         "from tests.metrics_fakes import FakeManager, run_workload\n"
         "from numbakv.metrics import OffloadMetrics\n"
-        "from service.metrics_dir import MetricsDirectory\n"
+        "from numbakv.service.metrics_dir import MetricsDirectory\n"
         "m = FakeManager(); om = OffloadMetrics(m, instance='gpu0'); run_workload(m, om); om.sync()\n"
         "metrics = MetricsDirectory(sys.argv[2]).read().metrics\n"
         "print(json.dumps({s.name + str(sorted(s.labels.items())): s.value"

@@ -41,7 +41,7 @@ ENGINE = """
 import json
 from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics
-from service.metrics_dir import MetricsDirectory
+from numbakv.service.metrics_dir import MetricsDirectory
 from tests.metrics_fakes import churn
 policy_stats = {}
 for policy in json.loads(sys.argv[3]):

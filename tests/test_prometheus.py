@@ -16,7 +16,7 @@ from tests.metrics_fakes import WRITER
 from tests.servers import free_port, running, sidecar
 
 generate = pytest.importorskip(
-    "dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed"
+    "numbakv.dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed"
 )
 
 pytestmark = [

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 
+import numbakv.service
 import pytest
 from fastapi.testclient import TestClient
+from numbakv.service.app import create_app
+from numbakv.service.settings import Settings, parse_settings
 from prometheus_client.openmetrics.exposition import generate_latest
 
-import service
-from service.app import create_app
-from service.settings import Settings, parse_settings
 from tests.metrics_fakes import key, run_writers, write_metrics_file
 from tests.servers import ROOT, free_port, sidecar
 
@@ -204,7 +204,7 @@ def test_metrics_and_sidecar_import_without_numba():
     """
     code = (
         "import sys; sys.modules['numba'] = None\n"
-        "import numbakv.metrics, service.app, service.cli\n"
+        "import numbakv.metrics, numbakv.service.app, numbakv.service.cli\n"
         "assert 'numba' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,7 +233,7 @@ def test_the_sidecar_logs_one_start_line(tmp_path):
     started = [line for line in proc.stderr.read().splitlines() if " serving " in line]
     assert len(started) == 1
     assert started[0].endswith(
-        f"numbakv-sidecar {service.__version__} serving http://127.0.0.1:{port} "
+        f"numbakv-sidecar {numbakv.service.__version__} serving http://127.0.0.1:{port} "
         f"from the metrics directory {tmp_path}"
     )
 
@@ -245,7 +245,7 @@ class NoServiceExtra:
         if name.split(".")[0] in ("fastapi", "uvicorn", "starlette"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, NoServiceExtra())
-from service.cli import main
+from numbakv.service.cli import main
 main(sys.argv[1:])
 """
 

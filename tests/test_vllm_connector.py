@@ -152,7 +152,7 @@ engine.worker_connector.shutdown()
 
 
 def test_metrics_of_the_scheduler_and_the_worker_reach_the_sidecars_directory(tmp_path):
-    from service.metrics_dir import MetricsDirectory
+    from numbakv.service.metrics_dir import MetricsDirectory
 
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()

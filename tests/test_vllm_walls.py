@@ -58,7 +58,7 @@ def _loaded_after(code: str) -> set[str]:
 def test_numbakv_its_manager_metrics_and_sidecar_load_neither_vllm_nor_torch():
     """Meaningful where vLLM is installed (the vLLM test environment of .ci/run)."""
     loaded = _loaded_after(
-        "import numbakv, numbakv.manager, numbakv.metrics, numbakv.replay, service.app"
+        "import numbakv, numbakv.manager, numbakv.metrics, numbakv.replay, numbakv.service.app"
     )
     assert {module.split(".")[0] for module in loaded} & ENGINES == set()
 
