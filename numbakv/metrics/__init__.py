@@ -25,7 +25,8 @@ that drives both exporters), :mod:`~numbakv.metrics.recording` (transfer jobs),
 and the directory's :mod:`~numbakv.metrics.directory`, :mod:`~numbakv.metrics.liveness` and
 :mod:`~numbakv.metrics.compaction`.
 
-Imports prometheus-client and the standard library only: the sidecar's image has no NumPy or Numba.
+Imports prometheus-client, the standard library and the job vocabulary (`numbakv.jobs`) only: the
+sidecar's image has no NumPy or Numba.
 """
 
 from numbakv.metrics.collector import ScrapeCollector

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-DIRECTIONS = ("store", "load")
-"""Transfer directions: ``store`` is GPU to host, ``load`` host to GPU."""
+from numbakv.jobs import Direction
+
+DIRECTIONS = tuple(direction.value for direction in Direction)
+"""Transfer directions, as labels: ``store`` is GPU to host, ``load`` host to GPU."""
 
 DURATION_BUCKETS_SECONDS = (
     0.0001,
