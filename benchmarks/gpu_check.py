@@ -13,7 +13,9 @@ prints one table: each target, the measured figure and whether it holds.
 
 A machine without network: wheels in `.whl/` (made on a machine with one by
 `python benchmarks/gpu_wheels.py`) are installed first into a temporary folder, which goes first
-on the path of every step (numba-cuda 0.30 needs NumPy < 2.5; the tests need FastAPI and more).
+on the path of every step (numba-cuda 0.30 needs NumPy < 2.5; the tests need FastAPI and more);
+then, where the project is not installed, it is installed editable (no dependencies, no index,
+with the carried build backend), as `pip install -e .` would on a machine with network.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -106,6 +109,16 @@ def install_wheels_and_rerun() -> int:
     )
     env = {**os.environ, SITE_ENV: str(site)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        version("numbakv")
+    except PackageNotFoundError:  # numbakv.service and numbakv.dashboards need the install
+        print("installing the project (editable, no dependencies)", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+            + ["--no-build-isolation", "--editable", str(ROOT)],
+            env=env,
+            check=True,
+        )
     return subprocess.run([sys.executable, *sys.argv], env=env, check=False).returncode
 
 

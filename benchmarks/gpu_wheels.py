@@ -6,7 +6,8 @@ without one, into `.whl/` (ignored by git; carry it with the checkout).
 The GPU image this was written for has CUDA, torch, numba 0.68 and numba-cuda 0.30 but NumPy 2.5,
 with which numba-cuda 0.30 compiles no kernel, and lacks the service's test dependencies. Each
 package below is fetched at the version installed in the running environment (the project's own
-virtual environment, as CI resolves it), for CPython `--python-version` on manylinux x86-64.
+virtual environment, as CI resolves it), for CPython `--python-version` on manylinux x86-64; and
+the build backend pyproject.toml names, so that `gpu_check` can install the project there.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
@@ -59,6 +61,7 @@ def main() -> None:
     if args.dest.exists():
         shutil.rmtree(args.dest)  # one version of each package, never two
     pinned = [f"{name}=={version(name)}" for name in CARRIED]
+    pinned += tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     command += ["--python-version", args.python_version, "--implementation", "cp"]
     command += [option for platform in PLATFORMS for option in ("--platform", platform)]
