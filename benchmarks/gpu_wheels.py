@@ -16,9 +16,10 @@ import argparse
 import shutil
 import subprocess
 import sys
-import tomllib
 from importlib.metadata import version
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRIED = [
