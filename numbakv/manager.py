@@ -1,8 +1,8 @@
 """The offloading manager: which host slots hold which KV blocks, with vLLM's interface.
 
-It decides and hands out plain specs; it never touches a GPU (see ARCHITECTURE.md). Per block, every
-method costs a few dictionary operations, whatever the capacity: an eviction scans past only the
-blocks it may not evict (being stored, being read, named in the call), never the whole cache.
+It decides and hands out plain specs; it never touches a GPU (docs/ARCHITECTURE.md). Per block,
+every method costs a few dictionary operations, whatever the capacity: an eviction scans past only
+the blocks it may not evict (being stored, being read, named in the call), never the whole cache.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The walls of ARCHITECTURE.md: the manager side runs where Numba is absent."""
+"""The walls of docs/ARCHITECTURE.md: the manager side runs where Numba is absent."""
 
 import subprocess
 import sys

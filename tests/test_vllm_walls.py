@@ -1,4 +1,4 @@
-"""The walls around the vLLM integration (ARCHITECTURE.md): only numbakv/integrations/ imports
+"""The walls around the vLLM integration (docs/ARCHITECTURE.md): only numbakv/integrations/ imports
 vllm or torch, and the scheduler side of the spec never loads the data path."""
 
 from __future__ import annotations
