@@ -37,7 +37,7 @@ from numbakv.datapath._device import (
 )
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
-from numbakv.datapath.validation import UniqueCheck, as_ids, check_range
+from numbakv.datapath.validation import IdCheck
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 DEFAULT_MAX_THREAD_BLOCKS = 16
@@ -189,8 +189,8 @@ class TransferEngine:
         }
         self._event_type = type(self._lanes[Direction.STORE].dependency)
         self._stream_type = type(self._lanes[Direction.STORE].stream)
-        self._unique_host_ids = UniqueCheck(host_pool.num_blocks)
-        self._unique_gpu_ids = UniqueCheck(layout.num_blocks)
+        self._host_ids = IdCheck(host_pool.num_blocks)
+        self._gpu_ids = IdCheck(layout.num_blocks)
         self._jobs: dict[Hashable, _InFlight] = {}
         self._finished: list[FinishedJob] = []
         self._fault: str | None = None
@@ -212,29 +212,25 @@ class TransferEngine:
         that queued kernels still read. Without it the job starts at once. Everything is
         validated before any memory is touched; on error nothing is queued.
         """
-        self.enqueue(
+        lane = self._lane(direction)
+        is_store = lane.direction is Direction.STORE
+        self._enqueue(
+            lane,
             job_id,
-            direction,
-            self.check_gpu_ids(direction, gpu_block_ids),
-            self.check_host_ids(direction, host_block_ids),
+            self._gpu_ids("gpu_block_ids", gpu_block_ids, not is_store),
+            self._host_ids("host_block_ids", host_block_ids, is_store),
             wait_event,
         )
 
     def check_gpu_ids(self, direction: Direction | str, gpu_block_ids: Any) -> np.ndarray:
         """`gpu_block_ids` as int64, each a GPU block; unique where they are destinations (a load)."""
-        ids = as_ids("gpu_block_ids", gpu_block_ids)
-        check_range("gpu_block_ids", ids, self.layout.num_blocks)
-        if self._lane(direction).direction is Direction.LOAD:
-            self._unique_gpu_ids("gpu_block_ids", ids)
-        return ids
+        is_load = self._lane(direction).direction is Direction.LOAD
+        return self._gpu_ids("gpu_block_ids", gpu_block_ids, is_load)
 
     def check_host_ids(self, direction: Direction | str, host_block_ids: Any) -> np.ndarray:
         """`host_block_ids` as int64, each a host block; unique where they are destinations (a store)."""
-        ids = as_ids("host_block_ids", host_block_ids)
-        check_range("host_block_ids", ids, self.host_pool.num_blocks)
-        if self._lane(direction).direction is Direction.STORE:
-            self._unique_host_ids("host_block_ids", ids)
-        return ids
+        is_store = self._lane(direction).direction is Direction.STORE
+        return self._host_ids("host_block_ids", host_block_ids, is_store)
 
     def enqueue(
         self,
@@ -246,8 +242,17 @@ class TransferEngine:
     ) -> None:
         """`submit` for ids already checked (by `check_gpu_ids` and `check_host_ids`, or host ids
         from a manager no larger than this pool): only the job itself is checked here."""
+        self._enqueue(self._lane(direction), job_id, gpu_ids, host_ids, wait_event)
+
+    def _enqueue(
+        self,
+        lane: _Lane,
+        job_id: Hashable,
+        gpu_ids: np.ndarray,
+        host_ids: np.ndarray,
+        wait_event: Any,
+    ) -> None:
         self._raise_if_faulted()
-        lane = self._lane(direction)
         if job_id in self._jobs:
             raise ValueError(
                 f"job_id {job_id!r} is already in flight (or finished and not yet reported)"

@@ -34,23 +34,29 @@ def check_range(name: str, ids: np.ndarray, limit: int) -> None:
         raise IndexError(f"{name} must lie in [0, {limit}), got {bad}")
 
 
-class UniqueCheck:
-    """Whether ids in [0, `limit`) repeat, without allocating: each id stamps its position in a
-    buffer kept across calls, and a repeated id overwrites an earlier stamp."""
+class IdCheck:
+    """Block ids in [0, `limit`), as one job names them: integers, in range, and, where they are
+    the job's destinations, unique. The uniqueness test allocates nothing: each id stamps its
+    position in a buffer kept across calls, and a repeated id overwrites an earlier stamp."""
 
     def __init__(self, limit: int) -> None:
+        self.limit = limit
         self._stamps = np.empty(limit, dtype=np.int64)
         self._positions = np.arange(limit, dtype=np.int64)
 
-    def __call__(self, name: str, ids: np.ndarray) -> None:
-        """Raise a ValueError naming `name` if `ids` (already in range) repeat a value."""
-        positions = self._positions[: len(ids)]
-        if len(ids) > len(self._stamps):  # more ids than values: some must repeat
-            repeated = True
-        else:
-            self._stamps[ids] = positions
-            repeated = (self._stamps[ids] != positions).any()
-        if repeated:
+    def __call__(self, name: str, ids: Any, destinations: bool) -> np.ndarray:
+        """`ids` as int64, checked; errors name the argument `name`."""
+        ids = as_ids(name, ids)
+        check_range(name, ids, self.limit)
+        if destinations and self._repeats(ids):
             raise ValueError(
                 f"{name} are this job's destinations and must be unique, got a repeated id"
             )
+        return ids
+
+    def _repeats(self, ids: np.ndarray) -> bool:
+        if len(ids) > self.limit:  # more ids than values: some must repeat
+            return True
+        positions = self._positions[: len(ids)]
+        self._stamps[ids] = positions
+        return bool((self._stamps[ids] != positions).any())
