@@ -96,6 +96,7 @@ def block_contents(block_hashes: np.ndarray, block_bytes: int) -> np.ndarray:
 
 def build_kv_cache(config: DemoConfig) -> list:
     """The engine's paged KV cache: vLLM flash-attention layout, one Numba device array a layer."""
+    simulate_without_gpu()  # before Numba CUDA is imported: the simulator where there is no GPU
     from numba import cuda
 
     shape = (2, config.gpu_blocks, config.block_size, config.num_kv_heads, config.head_size)
@@ -380,12 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     config = DemoConfig(**args)
     _check(parser, config)
     text = sys.stderr if as_json else sys.stdout
-    if simulate_without_gpu():
-        print(
-            "no CUDA GPU here: running on Numba's CUDA simulator "
-            "(small sizes suit it; transfers are not timed)",
-            file=sys.stderr,
-        )
     try:
         report = run(config, progress=True)
     except TraceError as error:
