@@ -179,3 +179,16 @@ def test_readme_commands_run_on_a_copy_with_nothing_beside_it(tmp_path):
         assert "Traceback" not in done.stderr, f"{command}\n{done.stderr}"
     assert (clone / "hit_ratio.png").read_bytes()[:4] == b"\x89PNG"
     assert (clone / "mixed.jsonl").stat().st_size > 0
+
+
+def test_the_offloader_example_runs_as_written(tmp_path):
+    """docs/OFFLOADER.md's example, on a copy of nothing but itself: what a newcomer pastes."""
+    text = (ROOT / "docs" / "OFFLOADER.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[('store', 3072), ('load', 2048)]"
