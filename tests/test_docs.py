@@ -184,7 +184,7 @@ def test_readme_commands_run_on_a_copy_with_nothing_beside_it(tmp_path):
 def test_the_offloader_example_runs_as_written(tmp_path):
     """docs/OFFLOADER.md's example, on a copy of nothing but itself: what a newcomer pastes."""
     text = (ROOT / "docs" / "OFFLOADER.md").read_text()
-    (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    (example,) = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     script = tmp_path / "example.py"
     script.write_text(example)
     done = subprocess.run(
