@@ -99,5 +99,5 @@ def test_generate_without_the_extra_names_the_pip_command(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
         "numbakv-dashboards: error: generating the dashboard needs the 'dashboards' extra: "
-        "pip install 'numbakv[dashboards]'\n"
+        "pip install -e '.[dashboards]' in numbakv's repository\n"
     )

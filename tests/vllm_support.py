@@ -21,7 +21,7 @@ def require_vllm() -> None:
         if os.environ.get(REQUIRE_VLLM) == "1":
             raise ImportError(f"{REQUIRE_VLLM}=1 but vLLM does not import: {error}") from error
         pytest.skip(
-            f"vLLM is not installed ({error}); pip install 'numbakv[vllm]' to run these tests",
+            f"vLLM is not installed ({error}); pip install -e '.[vllm]' to run these tests",
             allow_module_level=True,
         )
 

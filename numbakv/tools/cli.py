@@ -66,7 +66,8 @@ def output_file(text: str) -> str:
 def missing_extra(prog: str, feature: str, extra: str) -> NoReturn:
     """Exit with one line naming the pip command that installs what `feature` needs."""
     sys.stderr.write(
-        f"{prog}: error: {feature} needs the '{extra}' extra: pip install 'numbakv[{extra}]'\n"
+        f"{prog}: error: {feature} needs the '{extra}' extra: "
+        f"pip install -e '.[{extra}]' in numbakv's repository\n"
     )
     raise SystemExit(MISSING_EXTRA)
 
