@@ -18,6 +18,8 @@ from numbakv.tools.demo import (
     build_kv_cache,
     run,
 )
+from numbakv.tools.demo import main as demo_main
+from numbakv.tools.traces import read_hash_chains
 from tests.datapath_cases import make_cache, outcomes
 
 
@@ -303,3 +305,11 @@ def test_completion_event_is_none_once_the_offloader_has_the_result(setup):
     offloader.wait(load)
     offloader.poll()
     assert offloader.completion_event(load) is None
+
+
+def test_the_demo_sizes_its_gpu_cache_to_the_trace_by_default(capsys):
+    """Issue 37: `--trace mooncake_conversation` refused the demo's own default --gpu-blocks."""
+    assert demo_main(["--trace", "mooncake_conversation", "--requests", "12"]) == 0
+    out = capsys.readouterr().out
+    longest = max(map(len, read_hash_chains("mooncake_conversation")[:12]))
+    assert f"cache          {max(96, longest)} GPU blocks" in out and longest > 96

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TextIO
 
 import numpy as np
@@ -34,13 +34,17 @@ from numbakv.tools.workloads import multi_turn_chat
 KV_ITEM_BYTES = 2  # float16
 
 
+DEFAULT_GPU_BLOCKS = 96
+"""GPU blocks of the stand-in engine unless a request needs more (a trace's longest, say)."""
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     num_layers: int = 2
     block_size: int = 4
     num_kv_heads: int = 1
     head_size: int = 8
-    gpu_blocks: int = 96
+    gpu_blocks: int | None = None  # None: DEFAULT_GPU_BLOCKS, or the longest request if longer
     host_blocks: int = 512
     sessions: int = 60
     policy: str = "lru"
@@ -65,6 +69,7 @@ class DemoReport:
     transfer_seconds: dict = field(default_factory=lambda: {"store": 0.0, "load": 0.0})
     seconds: float = 0.0
     block_bytes: int = 0
+    gpu_blocks: int = 0
 
 
 class DemoInterrupted(KeyboardInterrupt):
@@ -239,12 +244,14 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     """
     chains = workload(config, progress)
     longest = max(map(len, chains))
-    if longest > config.gpu_blocks:
+    if config.gpu_blocks is None:
+        config = replace(config, gpu_blocks=max(DEFAULT_GPU_BLOCKS, longest))
+    elif longest > config.gpu_blocks:
         raise DemoConfigError(
             f"argument --gpu-blocks: got '{config.gpu_blocks}', expected at least {longest}, "
             "the longest request's blocks"
         )
-    report = DemoReport()
+    report = DemoReport(gpu_blocks=config.gpu_blocks)
     engine = StandInEngine(config, kv_arrays or build_kv_cache(config), report)
     started = time.perf_counter()
     try:
@@ -265,7 +272,7 @@ def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) ->
     first = f", its first {config.requests:,} requests" if config.requests else ""
     print(f"workload       {source}{first}", file=out)
     print(
-        f"cache          {config.gpu_blocks} GPU blocks, {config.host_blocks} host blocks "
+        f"cache          {report.gpu_blocks} GPU blocks, {config.host_blocks} host blocks "
         f"({config.policy}, {config.mode} offload), {report.block_bytes:,} bytes a block",
         file=out,
     )
@@ -290,12 +297,15 @@ def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) ->
     print(f"time           {report.seconds:.1f} s", file=out)
 
 
+DEFAULTS_SAID = {
+    "gpu_blocks": f"{DEFAULT_GPU_BLOCKS}, or the longest request's blocks if it has more",
+}
 SIZES = {
     "num_layers": "attention layers",
     "block_size": "tokens per KV block",
     "num_kv_heads": "KV heads per layer",
     "head_size": "values per head",
-    "gpu_blocks": "blocks of the GPU KV cache (at least the longest request's)",
+    "gpu_blocks": "blocks of the GPU KV cache, at least the longest request's",
     "host_blocks": "blocks of the host tier",
     "sessions": "chat sessions of the built-in workload",
 }
@@ -336,7 +346,7 @@ def _parser() -> Parser:
             type=positive_int,
             default=getattr(defaults, name),
             metavar="N",
-            help=f"{about} (default: %(default)s)",
+            help=f"{about} (default: {DEFAULTS_SAID.get(name, '%(default)s')})",
         )
     parser.add_argument(
         "--json",
@@ -364,7 +374,7 @@ def _check(parser: Parser, config: DemoConfig) -> None:
             parser.error(f"argument --trace: {error}")
     block_bytes = block_bytes_of(config)
     # KV cache, host tier and staging pool; on the simulator "GPU" memory is host memory too.
-    needed = block_bytes * (config.host_blocks + 2 * config.gpu_blocks)
+    needed = block_bytes * (config.host_blocks + 2 * (config.gpu_blocks or DEFAULT_GPU_BLOCKS))
     available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > available:
         parser.error(
