@@ -56,6 +56,9 @@ BAD_INPUT = [
     ),
     (replay_command.main, ["--store-threshold", "0"], ["--store-threshold", "'0'"]),
     (replay_command.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),
+    # a directory where no file can be made, even by root (issue 37: a traceback after the replay)
+    (replay_command.main, ["--plot", "/proc/x.png"], ["--plot", "'/proc/x.png'", "can write"]),
+    (workloads.main, ["--out", "/proc/w.jsonl"], ["--out", "'/proc/w.jsonl'", "can write"]),
     (replay_command.main, ["--plot", "{dir}"], ["--plot", "not a directory"]),
     (replay_command.main, ["--plot", "{dir}/x.txt"], ["--plot", "x.txt", ".png"]),
     (replay_command.main, ["missing.jsonl"], ["TRACE", "'missing.jsonl'", "mooncake_conversation"]),

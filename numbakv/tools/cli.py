@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -58,8 +58,16 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"got {text!r}, expected a file in an existing directory ({directory} is not one)"
         )
-    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected a file this user can write")
+    try:  # only making a file there says whether one can be (root passes os.access everywhere)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=f".{path.name}.", suffix=".check"):
+            pass
+        if path.exists():
+            with path.open("ab"):
+                pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected a file this user can write ({error.strerror})"
+        ) from None
     return text
 
 
