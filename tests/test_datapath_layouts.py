@@ -146,3 +146,10 @@ def test_memory_that_is_not_cuda_memory_is_refused(monkeypatch):
 
 def test_the_layout_records_its_device():
     assert KVLayout.from_arrays("mla", _layers((4, 2, 4))).device == 0
+
+
+def test_a_layout_prints_its_sizes_not_its_arrays():
+    """Issue 37: its repr printed every array whole."""
+    layout = make_cache("flash_attn", np.random.default_rng(3), num_blocks=64).layout
+    text = repr(layout)
+    assert "num_blocks=64" in text and "chunk_bytes=" in text and len(text) < 300

@@ -10,7 +10,7 @@ argument plus a small offset table (see docs/DATAPATH.md for why).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -61,10 +61,10 @@ class KVLayout:
     dtype: np.dtype
     chunk_bytes: int
     block_stride: int
-    segment_offsets: np.ndarray
+    segment_offsets: np.ndarray = field(repr=False)  # the arrays print as their sizes do
     word: np.dtype
-    arena: Any
-    arrays: tuple
+    arena: Any = field(repr=False)
+    arrays: tuple = field(repr=False)
     device: int
 
     @property

@@ -177,7 +177,7 @@ KINDS = {
 
 def _parser() -> Parser:
     parser = Parser(
-        prog="numbakv-workload",
+        prog="numbakv-workloads",
         description="Write a seeded synthetic workload as a Mooncake-format jsonl trace. Kinds: "
         + "; ".join(f"{kind}: {about}" for kind, about in KINDS.items())
         + ".",
