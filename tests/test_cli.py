@@ -157,6 +157,19 @@ def test_replay_ctrl_c_ends_with_one_line_and_the_partial_table(monkeypatch, cap
     assert document["runs"][1]["requests"] < document["runs"][0]["requests"]
 
 
+def test_an_interrupted_replays_table_marks_its_partial_cells(monkeypatch, capsys):
+    """Issue 37: the table on stdout looked complete."""
+    monkeypatch.setattr(numbakv.tools.replay, "replay_request", interrupted_at(9000))  # in run 2
+    assert replay_command.main(["--policy", "lru,arc,sieve", "--capacity", "1000"]) == 130
+    table = capsys.readouterr().out.splitlines()
+    lru, arc, sieve = (
+        next(line for line in table if line.startswith(p)) for p in ("lru", "arc", "sieve")
+    )
+    assert "*" not in lru and "*" in arc and sieve.split()[1] == "-"
+    assert "* partial: arc at 1,000 blocks stopped after " in "\n".join(table)
+    assert table[-1] == "- not replayed"
+
+
 def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, capsys):
     served = 0
     real = numbakv.tools.demo.StandInEngine.serve

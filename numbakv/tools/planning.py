@@ -100,12 +100,15 @@ def bytes_label(n: int) -> str:
 
 def format_table(
     results: Sequence[ReplayResult],
+    policies: Sequence[str],
     capacities: Sequence[Capacity],
     block_bytes: int | None = None,
+    requests: int | None = None,
 ) -> str:
     """Hit ratios, one row per policy, one column per capacity in its own unit (blocks beneath
-    a size), then microseconds per block reference; a note on Belady's row when there is one."""
-    policies = list(dict.fromkeys(result.policy for result in results))
+    a size), then microseconds per block reference; a note on Belady's row when there is one.
+    A run that replayed fewer than `requests` requests (cut short) is marked partial, one not
+    replayed at all is a dash."""
     by_run = {(result.policy, result.capacity): result for result in results}
     sized = any(capacity.unit for capacity in capacities)
     blocks = [f"{capacity.blocks:,} blk" if sized else "" for capacity in capacities]
@@ -125,7 +128,7 @@ def format_table(
         seconds = sum(run.seconds for run in runs)
         references = sum(run.references for run in runs)
         cells = "".join(
-            f"{by_run[policy, c.blocks].hit_ratio:.4f}".rjust(width)
+            _cell(by_run[policy, c.blocks], requests).rjust(width)
             if (policy, c.blocks) in by_run
             else "-".rjust(width)
             for c in capacities
@@ -135,7 +138,20 @@ def format_table(
         )
     if BELADY in policies:
         lines.append(BELADY_NOTE)
+    cut = [result for result in results if requests is not None and result.requests < requests]
+    for result in cut:
+        lines.append(
+            f"* partial: {result.policy} at {result.capacity:,} blocks stopped after "
+            f"{result.requests:,} of {requests:,} requests"
+        )
+    if len(results) < len(policies) * len(capacities):
+        lines.append("- not replayed")
     return "\n".join(lines)
+
+
+def _cell(result: ReplayResult, requests: int | None) -> str:
+    partial = requests is not None and result.requests < requests
+    return f"{result.hit_ratio:.4f}" + ("*" if partial else "")
 
 
 def plot_hit_ratios(

@@ -211,9 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"trace           {source} ({first}{total:,} requests)", file=text)
     single = len(plan.policies) == 1 and len(plan.capacities) == 1 and not args.plot
     if single:
-        _print_run(results[0], plan.capacities[0], args.block_bytes, text)
+        _print_run(results[0], plan.capacities[0], args.block_bytes, len(chains), text)
     else:
-        print(format_table(results, plan.capacities, args.block_bytes), file=text)
+        table = format_table(results, plan.policies, plan.capacities, args.block_bytes, len(chains))
+        print(table, file=text)
     if args.plot and not status:
         plot_hit_ratios(results, plan.capacities, args.plot, title=Path(source).name)
         print(f"plot            {args.plot}", file=text)
@@ -241,16 +242,21 @@ def _partial(results: list[ReplayResult], runs: int, requests: int) -> str:
 
 
 def _print_run(
-    result: ReplayResult, capacity: Capacity, block_bytes: int | None, out: TextIO
+    result: ReplayResult, capacity: Capacity, block_bytes: int | None, requests: int, out: TextIO
 ) -> None:
     policy = f"{BELADY_NOTE}" if result.policy == BELADY else result.policy
     size = f"{capacity.label}: " if capacity.unit else ""
     of = f" of {bytes_label(block_bytes)}" if block_bytes else ""
     print(f"policy          {policy}", file=out)
     print(f"capacity        {size}{result.capacity:,} blocks{of}", file=out)
+    partial = (
+        f"; partial: stopped after {result.requests:,} of {requests:,} requests"
+        if result.requests < requests
+        else ""
+    )
     print(
         f"hit ratio       {result.hit_ratio:.4f}  "
-        f"({result.hits:,} of {result.references:,} block references)",
+        f"({result.hits:,} of {result.references:,} block references{partial})",
         file=out,
     )
     print(f"evictions       {result.evictions:,}", file=out)
