@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numbakv.policies.block_lists import BlockLists
-from numbakv.policies.ghosts import AT_ONCE, COMPACT_RATE, GhostList
+from numbakv.policies.sarc.ghosts import AT_ONCE, COMPACT_RATE, GhostList
 
 HASHES = st.integers(0, 15)
 GHOST_STEPS = st.lists(
@@ -30,8 +30,8 @@ def test_a_ghost_list_is_a_bounded_fifo(limit: int, rate: int, at_once: int, ste
     however many stale places refreshes and removals leave behind, and at every point of a
     compaction (`rate`, `at_once`: compactions spread over few calls or many)."""
     with (
-        patch("numbakv.policies.ghosts.COMPACT_RATE", rate),
-        patch("numbakv.policies.ghosts.AT_ONCE", at_once),
+        patch("numbakv.policies.sarc.ghosts.COMPACT_RATE", rate),
+        patch("numbakv.policies.sarc.ghosts.AT_ONCE", at_once),
     ):
         replay_ghost_steps(limit, steps)
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
-from numbakv.policies.reuse_classes import (
+from numbakv.policies.sarc.reuse_classes import (
     BUCKETS,
     CLASSES,
     HALVE_AFTER,

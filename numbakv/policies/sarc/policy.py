@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 from numbakv.policies.base import CachePolicy
 from numbakv.policies.block_lists import BlockLists
-from numbakv.policies.chain_ends import ChainEndWatch
-from numbakv.policies.ghosts import GhostList
-from numbakv.policies.miniatures import MiniatureTuner, SightingMiniature, sampling_for
-from numbakv.policies.reuse_classes import ReuseClasses, tail_classes
+from numbakv.policies.sarc.chain_ends import ChainEndWatch
+from numbakv.policies.sarc.ghosts import GhostList
+from numbakv.policies.sarc.miniatures import MiniatureTuner, SightingMiniature, sampling_for
+from numbakv.policies.sarc.reuse_classes import ReuseClasses, tail_classes
 from numbakv.specs import BlockHash
 
 SIGHTING_MEMORY = 4  # hashes of once-seen evicted blocks remembered, in cache capacities

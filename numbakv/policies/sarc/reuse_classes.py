@@ -9,7 +9,7 @@ from collections.abc import Set as AbstractSet
 from heapq import heapify, heappop, heappush, heapreplace
 
 from numbakv.policies.block_lists import BlockLists
-from numbakv.policies.miniatures import sample_point
+from numbakv.policies.sarc.miniatures import sample_point
 from numbakv.specs import BlockHash
 
 # A stored block's class: buckets of the request's cached prefix, of its new tail and of the
