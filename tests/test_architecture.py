@@ -2,6 +2,9 @@
 
 import subprocess
 import sys
+from pathlib import Path
+
+import tomllib
 
 BLOCK_NUMBA = """
 import sys
@@ -32,3 +35,18 @@ def test_the_package_root_names_resolve_on_first_use():
         "assert sorted(dir(numbakv)) == sorted(numbakv.__all__)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages (service/ and dashboards/ install under numbakv): a folder
+    of Python code left out would be missing from a non-editable install."""
+    root = Path(__file__).resolve().parents[1]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {value: key for key, value in setuptools["package-dir"].items()}
+    found = set()
+    for init in [*root.glob("numbakv/**/__init__.py"), *root.glob("service/**/__init__.py")]:
+        folder = init.parent.relative_to(root).as_posix()
+        top, _, rest = folder.partition("/")
+        found.add(".".join(filter(None, [folders.get(top, top), rest.replace("/", ".")])))
+    found |= {folders["dashboards"]}
+    assert found <= set(setuptools["packages"]), sorted(found - set(setuptools["packages"]))

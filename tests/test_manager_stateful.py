@@ -17,14 +17,14 @@ HASH_LISTS = st.lists(HASHES, max_size=6)
 def resident_blocks(manager: CPUOffloadingManager) -> dict:
     """hash -> (block id, ref count) of every cached block, whatever the policy keeps them in."""
     policy = manager._policy
-    blocks = policy._blocks if manager.policy_name == "lru" else {**policy.t1, **policy.t2}
+    blocks = policy._where if manager.policy_name == "lru" else {**policy.t1, **policy.t2}
     return {h: (block_id, manager._ref_counts[block_id]) for h, block_id in blocks.items()}
 
 
 def policy_state(manager: CPUOffloadingManager):
     policy = manager._policy
     if manager.policy_name == "lru":
-        return list(policy._blocks)
+        return list(policy._where)
     return (list(policy.t1), list(policy.t2), list(policy.b1), list(policy.b2), policy.p)
 
 

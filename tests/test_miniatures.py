@@ -13,18 +13,18 @@ from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
 from numbakv.policies import LRUPolicy, SightingARCPolicy
-from numbakv.policies.miniatures import (
+from numbakv.policies.sarc.miniatures import (
     FORGET,
     LARGEST,
     SAMPLING,
     SMALLEST,
-    Miniature,
     MiniatureTuner,
     SightingMiniature,
     sample_point,
     sampling_for,
 )
-from numbakv.policies.sighting_arc import LRU, SETTINGS, SIGHTING_MEMORY, Setting
+from numbakv.policies.sarc.policy import LRU, SETTINGS, SIGHTING_MEMORY, Setting
+from tests.miniature import Miniature
 from tests.replaying import replay_into
 
 
@@ -245,8 +245,9 @@ def test_sarc_keeps_part_of_a_loop_larger_than_the_cache() -> None:
 
 SAMPLED_REPLAY = """
 import hashlib
-from numbakv.policies.miniatures import MiniatureTuner, Miniature
+from numbakv.policies.sarc.miniatures import MiniatureTuner
 from numbakv.policies import LRUPolicy
+from tests.miniature import Miniature
 from tests.test_miniatures import random_chains
 
 tuner = MiniatureTuner([Miniature(LRUPolicy(8, [0] * 8))], sampling=4)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numbakv.policies.block_lists import BlockLists
-from numbakv.policies.ghosts import AT_ONCE, COMPACT_RATE, GhostList
+from numbakv.policies.sarc.ghosts import AT_ONCE, COMPACT_RATE, GhostList
 
 HASHES = st.integers(0, 15)
 GHOST_STEPS = st.lists(
@@ -30,8 +30,8 @@ def test_a_ghost_list_is_a_bounded_fifo(limit: int, rate: int, at_once: int, ste
     however many stale places refreshes and removals leave behind, and at every point of a
     compaction (`rate`, `at_once`: compactions spread over few calls or many)."""
     with (
-        patch("numbakv.policies.ghosts.COMPACT_RATE", rate),
-        patch("numbakv.policies.ghosts.AT_ONCE", at_once),
+        patch("numbakv.policies.sarc.ghosts.COMPACT_RATE", rate),
+        patch("numbakv.policies.sarc.ghosts.AT_ONCE", at_once),
     ):
         replay_ghost_steps(limit, steps)
 
@@ -123,3 +123,43 @@ def test_block_lists_move_blocks_as_plain_lists_do(steps) -> None:
             assert list(lists.oldest_first(lists.sentinel(number))) == blocks
     lists.clear()
     assert all(list(lists.oldest_first(lists.sentinel(i))) == [] for i in range(3))
+
+
+BATCHES = st.lists(
+    st.tuples(
+        st.sampled_from(["push", "link", "unlink"]),
+        st.lists(st.integers(0, 7), max_size=4, unique=True),
+        st.integers(0, 10),  # a block to link after, if linked, else list `target % 3`
+    ),
+    max_size=40,
+)
+
+
+@given(batches=BATCHES)
+def test_a_batch_call_moves_blocks_as_one_call_per_block_does(batches) -> None:
+    batched, single = BlockLists(blocks=8, lists=3), BlockLists(blocks=8, lists=3)
+    linked: set[int] = set()
+    for action, nodes, target in batches:
+        if action == "unlink":
+            nodes = [node for node in nodes if node in linked]
+            batched.unlink_all(nodes)
+            for node in nodes:
+                single.unlink(node)
+            linked.difference_update(nodes)
+        else:
+            nodes = [node for node in nodes if node not in linked]
+            sentinel = batched.sentinel(target % 3)
+            if action == "push":
+                batched.push_newest_all(nodes, sentinel)
+                for node in nodes:
+                    single.push_newest(node, sentinel)
+            else:
+                anchor = target if target in linked else sentinel
+                batched.link_newer_all(nodes, anchor)
+                for node in nodes:  # each just newer than the one before
+                    single.link_newer(node, anchor)
+                    anchor = node
+            linked.update(nodes)
+        for index in range(3):
+            sentinel = batched.sentinel(index)
+            assert list(batched.oldest_first(sentinel)) == list(single.oldest_first(sentinel))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numbakv import CPUOffloadingManager
-from numbakv.policies.reuse_classes import (
+from numbakv.policies.sarc.reuse_classes import (
     BUCKETS,
     CLASSES,
     HALVE_AFTER,
@@ -31,10 +31,14 @@ FIRST, OTHER = block_class(0, 1, 0), block_class(4, 8, 5)
 NOTHING = frozenset()
 
 
-def classes_of(capacity: int, memory: int, ticks=None, rerank_every: int = 0) -> ReuseClasses:
-    """Ranked afresh at every eviction unless `rerank_every` says otherwise."""
+def classes_of(
+    capacity: int, memory: int, ticks=None, rerank_every: int = 0, pinned=None
+) -> ReuseClasses:
+    """Ranked afresh at every eviction unless `rerank_every` says otherwise; every block idle
+    unless `pinned` says otherwise, and its hash its id."""
     ticks = [0] * capacity if ticks is None else ticks
-    return ReuseClasses(capacity, memory, ticks, rerank_every)
+    pinned = [0] * capacity if pinned is None else pinned
+    return ReuseClasses(capacity, memory, ticks, pinned, list(range(capacity)), rerank_every)
 
 
 def merged_by_weighted_age(classes: ReuseClasses, ticks, at: int, stuck=frozenset()) -> list[int]:
@@ -145,11 +149,11 @@ def test_a_store_that_passes_the_halving_point_counts_as_if_block_by_block(sampl
     assert by_store._total_stored == by_block._total_stored
 
 
-def four_queued_blocks() -> tuple[ReuseClasses, list[int]]:
+def four_queued_blocks(pinned=None) -> tuple[ReuseClasses, list[int]]:
     """198 and 199 of FIRST, 200 and 201 of OTHER, FIRST coming back five times as often."""
     ticks = [0] * 400
     ticks[198], ticks[199], ticks[200], ticks[201] = 0, 10, 50, 60
-    classes = classes_of(capacity=400, memory=1000, ticks=ticks)
+    classes = classes_of(capacity=400, memory=1000, ticks=ticks, pinned=pinned)
     returning, lost = range(200), range(200, 400)
     add(classes, returning, FIRST)
     add(classes, lost, OTHER)
@@ -159,27 +163,26 @@ def four_queued_blocks() -> tuple[ReuseClasses, list[int]]:
 
 
 def test_victims_come_by_age_over_rate_and_skip_what_may_not_leave() -> None:
-    hash_of, idle = list(range(400)), [0] * 400
     # ages over rates at 100: 120 and 108 (FIRST, rate 5/6); 300 and 240 (OTHER, rate 1/6)
     classes, _ = four_queued_blocks()
-    assert classes.take_victims(4, 100, idle, hash_of, NOTHING) == [200, 201, 198, 199]
+    assert classes.take_victims(4, 100, NOTHING) == [200, 201, 198, 199]
     assert classes.queued == {}  # taken blocks leave their classes; an emptied class is dropped
     classes, _ = four_queued_blocks()
-    assert classes.take_victims(2, 100, idle, hash_of, NOTHING) == [200, 201]
+    assert classes.take_victims(2, 100, NOTHING) == [200, 201]
     assert list(classes.queue(FIRST)) == [198, 199]
     classes, _ = four_queued_blocks()
-    assert classes.take_victims(4, 100, idle, hash_of, {200}) == [201, 198, 199]
+    assert classes.take_victims(4, 100, {200}) == [201, 198, 199]
     assert list(classes.queue(OTHER)) == [200]
-    pinned = idle.copy()
+    pinned = [0] * 400
     pinned[198] = 1
-    classes, _ = four_queued_blocks()
-    assert classes.take_victims(4, 100, pinned, hash_of, NOTHING) == [200, 201, 199]
+    classes, _ = four_queued_blocks(pinned)
+    assert classes.take_victims(4, 100, NOTHING) == [200, 201, 199]
     classes, ticks = four_queued_blocks()
     classes.demote(201)  # the oldest of OTHER now (the policy also gives it the oldest tick)
     ticks[201] = -1
-    assert classes.take_victims(4, 100, idle, hash_of, NOTHING) == [201, 200, 198, 199]
-    classes, _ = four_queued_blocks()
-    assert classes.take_victims(4, 100, [1] * 400, hash_of, NOTHING) == []
+    assert classes.take_victims(4, 100, NOTHING) == [201, 200, 198, 199]
+    classes, _ = four_queued_blocks([1] * 400)
+    assert classes.take_victims(4, 100, NOTHING) == []
 
 
 def test_a_renewed_block_becomes_the_newest_of_its_class() -> None:
@@ -189,7 +192,7 @@ def test_a_renewed_block_becomes_the_newest_of_its_class() -> None:
     ticks[0] = 20  # touched while its store is in flight
     classes.renew(0)
     assert list(classes.queue(FIRST)) == [1, 2, 3, 0]
-    assert classes.take_victims(4, 30, [0] * 10, list(range(10)), NOTHING) == [1, 2, 3, 0]
+    assert classes.take_victims(4, 30, NOTHING) == [1, 2, 3, 0]
 
 
 @given(
@@ -208,7 +211,8 @@ def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demot
     smaller class). Ticks grow in the order blocks are queued, as the policy ranks them; a
     demoted block is the oldest."""
     ticks = [0] * 30
-    classes = classes_of(capacity=30, memory=1000, ticks=ticks)
+    pinned = [int(block in stuck) for block in range(30)]
+    classes = classes_of(capacity=30, memory=1000, ticks=ticks, pinned=pinned)
     clock = 0
     for block, (kind, gap) in enumerate(blocks):
         clock += gap
@@ -219,9 +223,8 @@ def test_victims_merge_the_class_queues_by_weighted_age(blocks, returning, demot
         classes.demote(block)
         ticks[block] = -1
     now = clock + 1
-    pinned = [int(block in stuck) for block in range(30)]
     expected = merged_by_weighted_age(classes, ticks, now, stuck)
-    taken = classes.take_victims(len(blocks), now, pinned, list(range(30)), NOTHING)
+    taken = classes.take_victims(len(blocks), now, NOTHING)
     assert taken == expected
 
 
@@ -243,7 +246,8 @@ def test_a_ranking_serves_until_the_next_as_if_made_afresh(
     earlier eviction leave the ranking's entries stale: evictions still merge exactly by age at
     the ranking's tick (rates are those of the ranking: nothing here moves them)."""
     ticks = [0] * 30
-    classes = classes_of(capacity=30, memory=1000, ticks=ticks, rerank_every=1000)
+    pinned = [int(block in stuck_first) for block in range(30)]
+    classes = classes_of(capacity=30, memory=1000, ticks=ticks, rerank_every=1000, pinned=pinned)
     clock = 0
     for block, (kind, gap) in enumerate(blocks):
         clock += gap
@@ -252,8 +256,7 @@ def test_a_ranking_serves_until_the_next_as_if_made_afresh(
     classes.seen(list(range(0, len(blocks), 3)))
     at = clock + 1000
     expected = merged_by_weighted_age(classes, ticks, at, stuck_first)[:first]
-    pinned = [int(block in stuck_first) for block in range(30)]
-    assert classes.take_victims(first, clock, pinned, list(range(30)), NOTHING) == expected
+    assert classes.take_victims(first, clock, NOTHING) == expected
     for change, block in changes:
         if classes._class_of[block] < 0:
             continue
@@ -267,8 +270,8 @@ def test_a_ranking_serves_until_the_next_as_if_made_afresh(
             ticks[block] = clock
             classes.renew(block)
     expected = merged_by_weighted_age(classes, ticks, at, stuck)
-    pinned = [int(block in stuck) for block in range(30)]
-    assert classes.take_victims(30, clock + 1, pinned, list(range(30)), NOTHING) == expected
+    pinned[:] = [int(block in stuck) for block in range(30)]
+    assert classes.take_victims(30, clock + 1, NOTHING) == expected
 
 
 def test_a_ranking_is_renewed_once_its_tick_is_reached() -> None:
@@ -280,11 +283,11 @@ def test_a_ranking_is_renewed_once_its_tick_is_reached() -> None:
     add(classes, range(200, 400), OTHER)
     classes.seen(list(range(200)))
     classes.leave_all([*range(198), *range(202, 400)])
-    assert classes.take_victims(1, 100, [0] * 400, list(range(400)), NOTHING) == [200]
+    assert classes.take_victims(1, 100, NOTHING) == [200]
     assert classes._ranked_at == 140
-    classes.take_victims(1, 139, [0] * 400, list(range(400)), NOTHING)
+    classes.take_victims(1, 139, NOTHING)
     assert classes._ranked_at == 140  # not due yet: the ranking is kept
-    classes.take_victims(1, 140, [0] * 400, list(range(400)), NOTHING)
+    classes.take_victims(1, 140, NOTHING)
     assert classes._ranked_at == 180
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from numbakv import CPUOffloadingManager
-from numbakv.policies.chain_ends import EVIDENCE, ChainEndWatch
+from numbakv.policies.sarc.chain_ends import EVIDENCE, ChainEndWatch
 from tests.replaying import replay_into
 
 SESSIONS = 6

@@ -8,8 +8,8 @@ from numbakv.policies.arc import ARCPolicy
 from numbakv.policies.base import NOT_READY, CachePolicy
 from numbakv.policies.lru import LRUPolicy
 from numbakv.policies.s3fifo import S3FIFOPolicy
+from numbakv.policies.sarc import SightingARCPolicy
 from numbakv.policies.sieve import SIEVEPolicy
-from numbakv.policies.sighting_arc import SightingARCPolicy
 
 POLICIES: dict[str, type[CachePolicy]] = {
     "lru": LRUPolicy,

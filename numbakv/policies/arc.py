@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import islice
 
-from numbakv.policies.base import CachePolicy, idle_entries, retire_to_ghosts
+from numbakv.policies.base import CachePolicy, idle_entries
 from numbakv.specs import BlockHash
 
 
@@ -97,3 +97,18 @@ class ARCPolicy(CachePolicy):
             "b1": len(self.b1),
             "b2": len(self.b2),
         }
+
+
+def retire_to_ghosts(
+    victims: Iterable[tuple[BlockHash, int]],
+    resident: OrderedDict[BlockHash, int],
+    ghosts: OrderedDict[BlockHash, None],
+    ghost_limit: int,
+) -> None:
+    """Move evicted blocks from a resident list to the newest end of a ghost list, keeping at most
+    `ghost_limit` ghosts (the oldest go)."""
+    for block_hash, _ in victims:
+        del resident[block_hash]
+        ghosts[block_hash] = None
+    for _ in range(len(ghosts) - ghost_limit):
+        ghosts.popitem(last=False)

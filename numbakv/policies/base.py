@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
@@ -69,24 +68,11 @@ def idle_entries(
     ref_counts: Sequence[int],
     protected: AbstractSet[BlockHash],
 ) -> Iterator[tuple[BlockHash, int]]:
-    """The evictable (hash, block id) entries, lazily, in the order given: idle, not protected."""
+    """The evictable (hash, block id) entries, lazily, in the order given: idle (ref count 0) and
+    not protected, the rule of every eviction. Walks that would pay for a call or a generator
+    step per block (SIEVE's hand, S3-FIFO's queues, Sighting ARC's lists) test it inline."""
     return (
         (block_hash, block_id)
         for block_hash, block_id in entries
         if ref_counts[block_id] == 0 and block_hash not in protected
     )
-
-
-def retire_to_ghosts(
-    victims: Iterable[tuple[BlockHash, int]],
-    resident: OrderedDict[BlockHash, int],
-    ghosts: OrderedDict[BlockHash, None],
-    ghost_limit: int,
-) -> None:
-    """Move evicted blocks from a resident list to the newest end of a ghost list, keeping at most
-    `ghost_limit` ghosts (the oldest go)."""
-    for block_hash, _ in victims:
-        del resident[block_hash]
-        ghosts[block_hash] = None
-    for _ in range(len(ghosts) - ghost_limit):
-        ghosts.popitem(last=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 
 class BlockLists:
@@ -11,8 +11,10 @@ class BlockLists:
     Ids 0 .. blocks-1 are blocks; list k's sentinel is `blocks + k`. `newer[x]` is the next node
     towards the list's new end, `older[x]` towards its old end; a sentinel closes its list into a
     ring, so `newer[sentinel]` is the oldest block and `older[sentinel]` the newest. Two list slots
-    per id replace an ordered dict's entry and node; policies inline the link steps in their hot
-    loops and call these methods elsewhere.
+    per id replace an ordered dict's entry and node.
+
+    The `_all` methods move a whole batch in one call, so that a policy pays no call per block;
+    where a hot loop does other work per block as it links, it inlines the steps instead.
     """
 
     def __init__(self, blocks: int, lists: int) -> None:
@@ -24,25 +26,43 @@ class BlockLists:
         return self.blocks + index
 
     def unlink(self, node: int) -> None:
+        self.unlink_all((node,))
+
+    def unlink_all(self, nodes: Iterable[int]) -> None:
+        """Take these nodes, each linked and named once, out of their lists."""
         newer, older = self.newer, self.older
-        before, after = older[node], newer[node]
-        newer[before] = after
-        older[after] = before
+        for node in nodes:
+            before, after = older[node], newer[node]
+            newer[before] = after
+            older[after] = before
 
     def link_newer(self, node: int, anchor: int) -> None:
         """Put `node` just newer than `anchor` (a block, or a sentinel: then it is the oldest)."""
+        self.link_newer_all((node,), anchor)
+
+    def link_newer_all(self, nodes: Sequence[int], anchor: int) -> None:
+        """Put unlinked `nodes` just newer than `anchor`, in order: the last is the newest."""
+        if not nodes:
+            return
         newer, older = self.newer, self.older
         after = newer[anchor]
-        newer[anchor] = node
-        older[node] = anchor
-        newer[node] = after
-        older[after] = node
+        previous = anchor
+        for node in nodes:
+            newer[previous] = node
+            older[node] = previous
+            previous = node
+        newer[previous] = after
+        older[after] = previous
 
     def push_newest(self, node: int, sentinel: int) -> None:
-        self.link_newer(node, self.older[sentinel])
+        self.link_newer_all((node,), self.older[sentinel])
+
+    def push_newest_all(self, nodes: Sequence[int], sentinel: int) -> None:
+        """Put unlinked `nodes` at the new end of a list, in order: the last is the newest."""
+        self.link_newer_all(nodes, self.older[sentinel])
 
     def push_oldest(self, node: int, sentinel: int) -> None:
-        self.link_newer(node, sentinel)
+        self.link_newer_all((node,), sentinel)
 
     def oldest_first(self, sentinel: int) -> Iterator[int]:
         """The blocks of a list from its old end; the list must not change meanwhile."""

@@ -5,42 +5,41 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from itertools import islice
 from operator import itemgetter
 
-from numbakv.policies.base import CachePolicy
+from numbakv.policies.base import idle_entries
+from numbakv.policies.block_table import BlockTable
 from numbakv.specs import BlockHash
 
 
-class LRUPolicy(CachePolicy):
+class LRUPolicy(BlockTable):
     """Evicts the least recently inserted or touched idle blocks.
 
     Touching a request's chain makes its *first* block the most recent: every later hit on any
     part of the chain needs the head, so the head should outlive the tail.
     """
 
-    def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
-        super().__init__(capacity, ref_counts)
-        self._blocks: OrderedDict[BlockHash, int] = OrderedDict()
-        self.get = self._blocks.get  # the manager's hottest call, kept at C speed
+    _where: OrderedDict[BlockHash, int]  # least recent first
 
-    def get(self, block_hash: BlockHash) -> int | None:
-        return self._blocks.get(block_hash)
+    def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
+        super().__init__(capacity, ref_counts, OrderedDict())
 
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
-        self._blocks.update(zip(block_hashes, block_ids))
+        self._where.update(zip(block_hashes, block_ids))
 
     def remove(self, block_hash: BlockHash) -> None:
-        del self._blocks[block_hash]
+        del self._where[block_hash]
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        blocks = self._blocks
+        blocks = self._where
         move_to_end = blocks.move_to_end
         for block_hash in reversed(block_hashes):
             if block_hash in blocks:
                 move_to_end(block_hash)
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
-        pop = self._blocks.popitem
+        pop = self._where.popitem
         victims = [pop(last=False) for _ in range(n)]
         # Usually the n least recent blocks are all evictable: check them in one C-level gather.
         hashes, block_ids = zip(*victims)
@@ -49,33 +48,14 @@ class LRUPolicy(CachePolicy):
         )
         if any(ref_counts) or not protected.isdisjoint(hashes):
             self._restore(victims)
-            victims = self._evict_sparing(n, protected)
+            victims = list(islice(idle_entries(self._where.items(), self.ref_counts, protected), n))
+            for block_hash, _ in victims:
+                del self._where[block_hash]
         return victims
 
     def _restore(self, entries: list[tuple[BlockHash, int]]) -> None:
         """Put entries popped from the front back there, in their order."""
-        blocks = self._blocks
+        blocks = self._where
         for block_hash, block_id in reversed(entries):
             blocks[block_hash] = block_id
             blocks.move_to_end(block_hash, last=False)
-
-    def _evict_sparing(
-        self, n: int, protected: AbstractSet[BlockHash]
-    ) -> list[tuple[BlockHash, int]]:
-        pop, ref_counts = self._blocks.popitem, self.ref_counts
-        victims: list[tuple[BlockHash, int]] = []
-        spared: list[tuple[BlockHash, int]] = []
-        while len(victims) < n:
-            block_hash, block_id = entry = pop(last=False)
-            if ref_counts[block_id] == 0 and block_hash not in protected:
-                victims.append(entry)
-            else:
-                spared.append(entry)
-        self._restore(spared)
-        return victims
-
-    def clear(self) -> None:
-        self._blocks.clear()
-
-    def __len__(self) -> int:
-        return len(self._blocks)

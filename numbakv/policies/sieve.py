@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-from numbakv.policies.base import CachePolicy
 from numbakv.policies.block_lists import BlockLists
+from numbakv.policies.block_table import BlockTable
 from numbakv.specs import BlockHash
 
 
-class SIEVEPolicy(CachePolicy):
+class SIEVEPolicy(BlockTable):
     """Lazy promotion and quick demotion with no reordering on hits.
 
     New blocks enter at the new end. The hand walks from the old end towards the new end: a
@@ -28,28 +28,18 @@ class SIEVEPolicy(CachePolicy):
 
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         super().__init__(capacity, ref_counts)
-        self._where: dict[BlockHash, int] = {}  # cached hash -> block id
-        self.get = self._where.get  # the manager's hottest call, kept at C speed
         self._hash_of: list[BlockHash] = [None] * capacity
         self._visited = bytearray(capacity)
         self._queue = BlockLists(capacity, 1)
         self._end = self._queue.sentinel(0)
         self._hand = self._end  # at the sentinel: the next sweep starts from the oldest
 
-    def get(self, block_hash: BlockHash) -> int | None:
-        return self._where.get(block_hash)
-
     def insert(self, block_hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> None:
-        newer, older, end = self._queue.newer, self._queue.older, self._end
         hash_of, visited = self._hash_of, self._visited
         for block_hash, block_id in zip(block_hashes, block_ids):
-            newest = older[end]
-            newer[newest] = block_id
-            older[block_id] = newest
-            newer[block_id] = end
-            older[end] = block_id
             hash_of[block_id] = block_hash
             visited[block_id] = 0
+        self._queue.push_newest_all(block_ids, self._end)
         self._where.update(zip(block_hashes, block_ids))
 
     def remove(self, block_hash: BlockHash) -> None:
@@ -78,7 +68,7 @@ class SIEVEPolicy(CachePolicy):
             elif visited[hand]:
                 visited[hand] = 0
                 hand = newer[hand]
-            else:
+            else:  # unlinked now, not batched after the sweep: the hand may come round again
                 before, after = older[hand], newer[hand]
                 newer[before] = after
                 older[after] = before
@@ -90,9 +80,6 @@ class SIEVEPolicy(CachePolicy):
         return victims
 
     def clear(self) -> None:
-        self._where.clear()
+        super().clear()
         self._queue.clear()
         self._hand = self._end
-
-    def __len__(self) -> int:
-        return len(self._where)

@@ -9,7 +9,7 @@ from collections.abc import Set as AbstractSet
 from heapq import heapify, heappop, heappush, heapreplace
 
 from numbakv.policies.block_lists import BlockLists
-from numbakv.policies.miniatures import sample_point
+from numbakv.policies.sarc.miniatures import sample_point
 from numbakv.specs import BlockHash
 
 # A stored block's class: buckets of the request's cached prefix, of its new tail and of the
@@ -74,14 +74,22 @@ class ReuseClasses:
     """
 
     def __init__(
-        self, capacity: int, memory: int, ticks: Sequence[float], rerank_every: int | None = None
+        self,
+        capacity: int,
+        memory: int,
+        ticks: Sequence[float],
+        pinned: Sequence[int],
+        hash_of: Sequence[BlockHash],
+        rerank_every: int | None = None,
     ) -> None:
         self.capacity = capacity
         self.memory = memory
         self.sampling = max(1, memory // REMEMBERED)  # 1 in this many hashes is remembered
         self._remembered_limit = memory // self.sampling
         self.rerank_every = capacity // RERANK if rerank_every is None else rerank_every
-        self._ticks = ticks  # the policy's clock tick per block id, which ages are taken from
+        # The policy's, per block id: clock ticks (ages are taken from them), ref counts (only
+        # blocks at 0 may leave) and hashes.
+        self._ticks, self._pinned, self._hash_of = ticks, pinned, hash_of
         self._queues = BlockLists(capacity, CLASSES)
         self._class_of = [-1] * capacity  # queued block -> its class, -1 when not queued
         self._sizes = [0] * CLASSES  # queued blocks per class
@@ -112,6 +120,7 @@ class ReuseClasses:
         """Blocks just stored join their classes as the most recent, in order, and count as
         stored (those in the sample, each for `sampling` blocks)."""
         # A run of one class at a time: a store's blocks come in a few, one per position bucket.
+        # Linked as they are counted: a `push_newest_all` per run cost 2.0-2.3% more instructions.
         newer, older = self._queues.newer, self._queues.older
         first, class_of, sizes, heads = self.capacity, self._class_of, self._sizes, self._heads
         run_class = end = newest = -1
@@ -178,6 +187,7 @@ class ReuseClasses:
 
     def leave_all(self, block_ids: Iterable[int]) -> None:
         """Blocks no longer seen once (hit, evicted, or removed); others are ignored."""
+        # Unlinked as they are counted: an `unlink_all` of them cost 0.4-0.7% more instructions.
         newer, older = self._queues.newer, self._queues.older
         class_of, sizes, heads = self._class_of, self._sizes, self._heads
         for block_id in block_ids:
@@ -216,15 +226,8 @@ class ReuseClasses:
         """The queued blocks of a class, oldest first."""
         return self._queues.oldest_first(self.capacity + block_class)
 
-    def take_victims(
-        self,
-        count: int,
-        now: int,
-        pinned: Sequence[int],
-        hash_of: Sequence[BlockHash],
-        protected: AbstractSet[BlockHash],
-    ) -> list[int]:
-        """Dequeue and return up to `count` blocks that may be evicted (`pinned` 0, hash not
+    def take_victims(self, count: int, now: int, protected: AbstractSet[BlockHash]) -> list[int]:
+        """Dequeue and return up to `count` blocks that may be evicted (ref count 0, hash not
         `protected`): one at a time, the first such block of the class of largest weighted age
         (ties to the smaller class), ranked as of tick `now` or the ranking's.
 
@@ -239,6 +242,7 @@ class ReuseClasses:
                     self._enter(block_class, head)
         self._rekey.clear()
         ticks, heap, entries, heads = self._ticks, self._heap, self._entries, self._heads
+        pinned, hash_of = self._pinned, self._hash_of
         at, newer, first = self._ranked_at, self._queues.newer, self.capacity
         class_of = self._class_of
         walked: set[int] = set()  # classes checked in this call (their entries may be past a head)
@@ -296,6 +300,7 @@ class ReuseClasses:
         (their `_class_of` is already cleared)."""
         if not length:
             return
+        # Spliced here: a call to BlockLists per run cost 0.4% more instructions.
         newer, older = self._queues.newer, self._queues.older
         before = older[run]
         newer[before] = stop

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 from zlib import crc32
 
-from numbakv.policies.base import CachePolicy
-from numbakv.policies.ghosts import GhostList
+from numbakv.policies.sarc.ghosts import GhostList
 from numbakv.specs import BlockHash
 
 SAMPLING = 16  # one hash in SAMPLING is simulated ...
@@ -48,51 +47,16 @@ def sample_point(block_hash: BlockHash) -> int:
     return hash(block_hash)
 
 
-class Miniature:
-    """A policy instance of capacity/sampling blocks fed the sampled hashes of every request,
-    with the replay semantics of the real cache: hits are the leading cached run, then a touch,
-    then the missing blocks are stored (instantly ready). Hashes only: no bytes, no manager.
-
-    Any `CachePolicy` runs in it; Sighting ARC's own settings run in `SightingMiniature`, which
-    decides the same at a fraction of the cost."""
-
-    def __init__(self, policy: CachePolicy) -> None:
-        self.policy = policy
-        self.hits = 0.0
-        self._free_ids = list(range(policy.capacity))
-
-    def request(self, chain: Sequence[BlockHash], distinct: bool = False) -> int:
-        """Replay one request; returns its hits (`distinct` is for faster miniatures)."""
-        policy = self.policy
-        hits = 0
-        for block_hash in chain:
-            if policy.get(block_hash) is None:
-                break
-            hits += 1
-        self.hits += hits
-        policy.touch(chain)
-        tail = dict.fromkeys(chain[hits:])  # in order, without repeats
-        missing = [block_hash for block_hash in tail if policy.get(block_hash) is None]
-        # Like the manager: all or nothing, and never evict a block the request names.
-        if not missing or len(missing) > policy.capacity - (len(tail) - len(missing)):
-            return hits
-        shortfall = len(missing) - len(self._free_ids)
-        if shortfall > 0:
-            victims = policy.evict(shortfall, tail.keys())
-            self._free_ids += (block_id for _, block_id in victims)
-        policy.insert(missing, [self._free_ids.pop() for _ in missing])
-        return hits
-
-
 class SightingMiniature:
     """One fixed setting of Sighting ARC (`bound` x size on blocks seen once, where returning
-    ghosts go) replayed as `Miniature` replays it, on hashes alone.
+    ghosts go) replayed on hashes alone, with the replay semantics of the real cache: hits are
+    the leading cached run, then a touch, then the missing blocks are stored (instantly ready).
 
     Everything a miniature never meets is left out: block ids, ref counts, chain ends, reuse
     classes, stores that stay in flight. T1 and T2 map each hash to its clock tick, in recency
     order; stored blocks are ranked as they are stored (the first of a request the most recent).
-    It hits, ranks and evicts exactly as `Miniature(SightingARCPolicy(size, ..., setting))` does
-    (tests/test_miniatures.py replays both).
+    It hits, ranks and evicts exactly as `SightingARCPolicy(size, ..., setting)` does under that
+    replay (tests/test_miniatures.py replays both, the policy through tests/miniature.py).
     """
 
     def __init__(self, size: int, bound: float, returns_to_t2: bool, ghost_memory: int) -> None:
