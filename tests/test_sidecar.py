@@ -16,7 +16,7 @@ from numbakv.service.settings import Settings, parse_settings
 from prometheus_client.openmetrics.exposition import generate_latest
 
 from tests.metrics_fakes import key, run_writers, write_metrics_file
-from tests.servers import ROOT, free_port, sidecar
+from tests.servers import ROOT, SIDECAR, free_port, sidecar
 
 
 @pytest.fixture(scope="module")
@@ -179,22 +179,57 @@ def test_settings_come_from_flags_then_environment():
     )
 
 
+# (flags, environment variables, what the error must show: the flag or the variable, and the value)
+BAD_SETTINGS = [
+    (["--port", "70000"], {}, ["--port", "70000"]),
+    (["--port", "x"], {"NUMBAKV_SIDECAR_PORT": "9000"}, ["--port", "'x'"]),
+    (["--cache-seconds", "0"], {}, ["--cache-seconds", "not 0"]),
+    (["--request-timeout-seconds", "-1"], {}, ["--request-timeout-seconds", "-1"]),
+    (["--max-connections", "0"], {}, ["--max-connections", "not 0"]),
+    ([], {"NUMBAKV_SIDECAR_PORT": "abc"}, ["variable NUMBAKV_SIDECAR_PORT is 'abc'"]),
+    ([], {"NUMBAKV_SIDECAR_PORT": "70000"}, ["variable NUMBAKV_SIDECAR_PORT", "70000"]),
+    ([], {"NUMBAKV_SIDECAR_HOST": ""}, ["variable NUMBAKV_SIDECAR_HOST is set but empty"]),
+    ([], {"PROMETHEUS_MULTIPROC_DIR": " "}, ["variable PROMETHEUS_MULTIPROC_DIR is set but"]),
+    ([], {"NUMBAKV_SIDECAR_CACHE_SECONDS": "1e3"}, ["NUMBAKV_SIDECAR_CACHE_SECONDS", "1000"]),
+    ([], {"NUMBAKV_SIDECAR_REQUEST_TIMEOUT_SECONDS": "5s"}, ["TIMEOUT_SECONDS is '5s'"]),
+    ([], {"NUMBAKV_SIDECAR_MAX_CONNECTIONS": "1.5"}, ["CONNECTIONS is '1.5', not a whole"]),
+]
+
+
 @pytest.mark.parametrize(
-    "argv, env",
-    [
-        (["--port", "70000"], {}),
-        (["--cache-seconds", "0"], {}),
-        (["--request-timeout-seconds", "-1"], {}),
-        (["--max-connections", "0"], {}),
-        ([], {"NUMBAKV_SIDECAR_PORT": "abc"}),
-    ],
+    "argv, env, shows",
+    BAD_SETTINGS,
+    ids=[" ".join([*argv, *(f"{k}={v}" for k, v in env.items())]) for argv, env, _ in BAD_SETTINGS],
 )
-def test_bad_settings_get_one_line_and_exit_2(argv, env, capsys):
+def test_a_bad_setting_names_its_flag_or_variable_and_exits_2(argv, env, shows, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_settings(argv, env)
     assert exit_.value.code == 2
-    message = capsys.readouterr().err.splitlines()[-1]
-    assert message.startswith("numbakv-sidecar: error: ") and "Traceback" not in message
+    message = capsys.readouterr().err
+    assert message.startswith("numbakv-sidecar: error: ") and message.count("\n") == 1, message
+    assert all(text in message for text in shows), message
+    assert ("--" in message) == bool(argv), message  # a variable's value is not a flag's
+
+
+def failed_start(*argv: str, **env: str) -> str:
+    """The real command's answer, which must be one line on stderr and exit status 2."""
+    done = subprocess.run(
+        [*SIDECAR, *argv],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("numbakv-sidecar: error: ") and done.stderr.count("\n") == 1
+    return done.stderr
+
+
+def test_a_bad_variable_is_named_as_a_variable_by_the_real_command():
+    error = failed_start(NUMBAKV_SIDECAR_PORT="abc")
+    assert "the environment variable NUMBAKV_SIDECAR_PORT is 'abc'" in error and "--" not in error
 
 
 def test_metrics_and_sidecar_import_without_numba():
