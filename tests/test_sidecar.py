@@ -227,6 +227,19 @@ def failed_start(*argv: str, **env: str) -> str:
     return done.stderr
 
 
+def test_a_port_in_use_is_one_line_naming_the_address_and_what_to_change(tmp_path):
+    port = free_port()
+    with sidecar(str(tmp_path), port):
+        error = failed_start("--port", str(port))
+    assert f"127.0.0.1:{port} is in use" in error, error
+    assert "--port or NUMBAKV_SIDECAR_PORT" in error, error
+
+
+def test_an_address_not_on_this_machine_is_one_line_naming_it():
+    error = failed_start("--host", "192.0.2.1")  # TEST-NET-1: documentation only
+    assert "cannot listen on 192.0.2.1:9464: " in error and "NUMBAKV_SIDECAR_HOST" in error, error
+
+
 def test_a_bad_variable_is_named_as_a_variable_by_the_real_command():
     error = failed_start(NUMBAKV_SIDECAR_PORT="abc")
     assert "the environment variable NUMBAKV_SIDECAR_PORT is 'abc'" in error and "--" not in error
