@@ -20,12 +20,13 @@ FILE_RESERVE = 32
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve until stopped; a bad start is one line and exit status 2."""
+    """Serve until SIGINT or SIGTERM, then exit 0; a bad start is one line and exit status 2."""
     settings = parse_settings(argv)
     try:
         import uvicorn
         from numbakv.service.app import create_app
         from numbakv.service.connections import guarded_h11
+        from numbakv.service.server import Server
     except ModuleNotFoundError as exc:
         fail(
             f"the module {exc.name!r} is missing; the service extra installs what the sidecar "
@@ -47,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     host, port = sock.getsockname()[:2]
     served = f"http://{_address(host, port)} from the metrics directory {settings.metrics_dir}"
     logger.info("numbakv-sidecar %s serving %s", __version__, served)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = Server(config)
+    server.run(sockets=[sock])
+    logger.info("numbakv-sidecar stopped on %s; it served %s", server.stopped_by, served)
 
 
 def _address(host: str, port: int) -> str:

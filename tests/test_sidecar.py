@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -274,16 +275,25 @@ def test_requests_serve_the_background_read_which_follows_new_data(tmp_path):
             time.sleep(0.02)
 
 
-def test_the_sidecar_logs_one_start_line(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_sidecar_logs_one_line_at_start_and_one_at_a_stop_which_exits_0(tmp_path, stop):
     port = free_port()
-    with sidecar(str(tmp_path), port, stderr=subprocess.PIPE, text=True) as proc:
-        pass
-    started = [line for line in proc.stderr.read().splitlines() if " serving " in line]
-    assert len(started) == 1
-    assert started[0].endswith(
-        f"numbakv-sidecar {numbakv.service.__version__} serving http://127.0.0.1:{port} "
-        f"from the metrics directory {tmp_path}"
-    )
+    with sidecar(
+        str(tmp_path),
+        port,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    ) as proc:
+        proc.send_signal(stop)
+        assert proc.wait(timeout=10) == 0  # a container's stop (SIGTERM) is no crash
+    log = proc.stderr.read()
+    served = f"http://127.0.0.1:{port} from the metrics directory {tmp_path}"
+    assert [line.split(": ", 1)[1] for line in log.splitlines() if ".cli: " in line] == [
+        f"numbakv-sidecar {numbakv.service.__version__} serving {served}",
+        f"numbakv-sidecar stopped on {stop.name}; it served {served}",
+    ]
+    assert "Traceback" not in log
 
 
 WITHOUT_SERVICE_EXTRA = """
