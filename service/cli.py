@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import resource
-import sys
+import socket
 from collections.abc import Sequence
 
 from numbakv.service import __version__
-from numbakv.service.settings import Settings, parse_settings
+from numbakv.service.settings import HOST_ENV, PORT_ENV, Settings, fail, parse_settings
 
 logger = logging.getLogger(__name__)
 
@@ -19,18 +20,19 @@ FILE_RESERVE = 32
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then exit 0; a bad start is one line and exit status 2."""
     settings = parse_settings(argv)
     try:
         import uvicorn
         from numbakv.service.app import create_app
         from numbakv.service.connections import guarded_h11
+        from numbakv.service.server import Server
     except ModuleNotFoundError as exc:
-        print(
-            f"numbakv-sidecar: the module {exc.name!r} is missing; the service extra installs "
-            "what the sidecar needs: pip install 'numbakv[service]'",
-            file=sys.stderr,
+        fail(
+            f"the module {exc.name!r} is missing; the service extra installs what the sidecar "
+            "needs: pip install -e '.[service]' in numbakv's repository"
         )
-        raise SystemExit(2) from None
+    sock = _listen(settings)
     _log_to_stderr()
     config = uvicorn.Config(
         create_app(settings),
@@ -43,17 +45,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_keep_alive=settings.request_timeout_s,
         timeout_graceful_shutdown=SHUTDOWN_WAIT_S,
     )
-    sock = config.bind_socket()
     host, port = sock.getsockname()[:2]
-    address = f"[{host}]" if ":" in host else host
-    logger.info(
-        "numbakv-sidecar %s serving http://%s:%d from the metrics directory %s",
-        __version__,
-        address,
-        port,
-        settings.metrics_dir,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    served = f"http://{_address(host, port)} from the metrics directory {settings.metrics_dir}"
+    logger.info("numbakv-sidecar %s serving %s", __version__, served)
+    server = Server(config)
+    server.run(sockets=[sock])
+    logger.info("numbakv-sidecar stopped on %s; it served %s", server.stopped_by, served)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen(settings: Settings) -> socket.socket:
+    """The socket bound to ``settings``' address, as uvicorn binds it, or one line on what is wrong."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        address = _address(settings.host, settings.port)
+        if exc.errno == errno.EADDRINUSE:
+            fail(f"{address} is in use (another sidecar?); choose another --port or {PORT_ENV}")
+        fail(
+            f"cannot listen on {address}: {exc.strerror}; check --host and --port "
+            f"(or {HOST_ENV} and {PORT_ENV})"
+        )
+    return sock
 
 
 def _log_to_stderr() -> None:

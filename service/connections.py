@@ -34,7 +34,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # asyncio turns Nagle off only on sockets of protocol IPPROTO_TCP, which a socket bound
-        # beforehand (uvicorn's Config.bind_socket) is not: a keep-alive request would then wait
+        # beforehand (cli.py's, as uvicorn binds one) is not: a keep-alive request would then wait
         # 40 ms for the client's delayed ACK of the response's first half.
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 HOST_ENV = "NUMBAKV_SIDECAR_HOST"
 PORT_ENV = "NUMBAKV_SIDECAR_PORT"
@@ -33,6 +35,9 @@ class Settings:
     max_connections: int = 128
     """Open connections past this close the oldest one."""
 
+
+_KINDS = {int: "a whole number", float: "a number"}
+"""What a variable's value must be, by type, in the error naming it."""
 
 # flag, Settings field, type, metavar, environment variables (the first set wins), help, range
 # (above the first bound, at most the second)
@@ -79,30 +84,56 @@ _OPTIONS = (
 )
 
 
+def fail(message: str) -> NoReturn:
+    """One line on stderr, as argparse words an error, and exit status 2."""
+    sys.stderr.write(f"numbakv-sidecar: error: {message}\n")
+    raise SystemExit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line, as numbakv's other commands give them (without argparse's usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(message)
+
+
 def parse_settings(
     argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ
 ) -> Settings:
-    """Flags win over the environment variables, which win over the defaults."""
-    parser = argparse.ArgumentParser(
+    """Flags win over the environment variables, which win over the defaults.
+
+    A bad value exits with status 2 and one line naming the flag or the variable, and the value.
+    """
+    parser = _Parser(
         prog="numbakv-sidecar",
         description="Serve what an engine's processes record in a prometheus-client multiprocess "
         "directory: GET /metrics, /healthz, /stats.",
     )
     for flag, name, kind, metavar, variables, help_text, _ in _OPTIONS:
-        default = getattr(Settings, name)
         parser.add_argument(
             flag,
             dest=name,
             type=kind,
             metavar=metavar,
-            # A string default goes through ``type`` like a flag's value: a bad variable gets
-            # argparse's one-line error, not a traceback.
-            default=next((env[v] for v in variables if v in env), str(default)),
-            help=f"{help_text} (env {', then '.join(variables)}; default {default})",
+            help=f"{help_text} (env {', then '.join(variables)}; default {getattr(Settings, name)})",
         )
     args = parser.parse_args(argv)
-    for flag, name, *_, bounds in _OPTIONS:
-        value = getattr(args, name)
+    values = {}
+    for flag, name, kind, _, variables, _, bounds in _OPTIONS:
+        value, source = getattr(args, name), flag
+        if value is None:
+            variable = next((v for v in variables if v in env), None)
+            if variable is None:
+                continue
+            source = f"the environment variable {variable}"
+            text = env[variable]
+            if not text.strip():
+                fail(f"{source} is set but empty; give it a value or unset it")
+            try:
+                value = kind(text)
+            except ValueError:
+                fail(f"{source} is {text!r}, not {_KINDS[kind]}")
         if bounds is not None and not bounds[0] < value <= bounds[1]:
-            parser.error(f"{flag} must be above {bounds[0]} and at most {bounds[1]}, not {value}")
-    return Settings(**{name: getattr(args, name) for _, name, *_ in _OPTIONS})
+            fail(f"{source} must be above {bounds[0]} and at most {bounds[1]}, not {value}")
+        values[name] = value
+    return Settings(**values)

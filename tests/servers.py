@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import httpx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIDECAR = [sys.executable, "-m", "numbakv.service"]
+"""The sidecar's command, as ``numbakv-sidecar`` runs it (run it in ``ROOT``)."""
 
 
 def free_port() -> int:
@@ -57,9 +59,7 @@ def sidecar(
 ) -> contextlib.AbstractContextManager[subprocess.Popen]:
     """The sidecar under uvicorn, as ``numbakv-sidecar`` runs it, on 127.0.0.1."""
     args = [
-        sys.executable,
-        "-m",
-        "numbakv.service",
+        *SIDECAR,
         "--host",
         "127.0.0.1",
         "--port",

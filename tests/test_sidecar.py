@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from numbakv.service.settings import Settings, parse_settings
 from prometheus_client.openmetrics.exposition import generate_latest
 
 from tests.metrics_fakes import key, run_writers, write_metrics_file
-from tests.servers import ROOT, free_port, sidecar
+from tests.servers import ROOT, SIDECAR, free_port, sidecar
 
 
 @pytest.fixture(scope="module")
@@ -179,22 +180,70 @@ def test_settings_come_from_flags_then_environment():
     )
 
 
+# (flags, environment variables, what the error must show: the flag or the variable, and the value)
+BAD_SETTINGS = [
+    (["--port", "70000"], {}, ["--port", "70000"]),
+    (["--port", "x"], {"NUMBAKV_SIDECAR_PORT": "9000"}, ["--port", "'x'"]),
+    (["--cache-seconds", "0"], {}, ["--cache-seconds", "not 0"]),
+    (["--request-timeout-seconds", "-1"], {}, ["--request-timeout-seconds", "-1"]),
+    (["--max-connections", "0"], {}, ["--max-connections", "not 0"]),
+    ([], {"NUMBAKV_SIDECAR_PORT": "abc"}, ["variable NUMBAKV_SIDECAR_PORT is 'abc'"]),
+    ([], {"NUMBAKV_SIDECAR_PORT": "70000"}, ["variable NUMBAKV_SIDECAR_PORT", "70000"]),
+    ([], {"NUMBAKV_SIDECAR_HOST": ""}, ["variable NUMBAKV_SIDECAR_HOST is set but empty"]),
+    ([], {"PROMETHEUS_MULTIPROC_DIR": " "}, ["variable PROMETHEUS_MULTIPROC_DIR is set but"]),
+    ([], {"NUMBAKV_SIDECAR_CACHE_SECONDS": "1e3"}, ["NUMBAKV_SIDECAR_CACHE_SECONDS", "1000"]),
+    ([], {"NUMBAKV_SIDECAR_REQUEST_TIMEOUT_SECONDS": "5s"}, ["TIMEOUT_SECONDS is '5s'"]),
+    ([], {"NUMBAKV_SIDECAR_MAX_CONNECTIONS": "1.5"}, ["CONNECTIONS is '1.5', not a whole"]),
+]
+
+
 @pytest.mark.parametrize(
-    "argv, env",
-    [
-        (["--port", "70000"], {}),
-        (["--cache-seconds", "0"], {}),
-        (["--request-timeout-seconds", "-1"], {}),
-        (["--max-connections", "0"], {}),
-        ([], {"NUMBAKV_SIDECAR_PORT": "abc"}),
-    ],
+    "argv, env, shows",
+    BAD_SETTINGS,
+    ids=[" ".join([*argv, *(f"{k}={v}" for k, v in env.items())]) for argv, env, _ in BAD_SETTINGS],
 )
-def test_bad_settings_get_one_line_and_exit_2(argv, env, capsys):
+def test_a_bad_setting_names_its_flag_or_variable_and_exits_2(argv, env, shows, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_settings(argv, env)
     assert exit_.value.code == 2
-    message = capsys.readouterr().err.splitlines()[-1]
-    assert message.startswith("numbakv-sidecar: error: ") and "Traceback" not in message
+    message = capsys.readouterr().err
+    assert message.startswith("numbakv-sidecar: error: ") and message.count("\n") == 1, message
+    assert all(text in message for text in shows), message
+    assert ("--" in message) == bool(argv), message  # a variable's value is not a flag's
+
+
+def failed_start(*argv: str, **env: str) -> str:
+    """The real command's answer, which must be one line on stderr and exit status 2."""
+    done = subprocess.run(
+        [*SIDECAR, *argv],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("numbakv-sidecar: error: ") and done.stderr.count("\n") == 1
+    return done.stderr
+
+
+def test_a_port_in_use_is_one_line_naming_the_address_and_what_to_change(tmp_path):
+    port = free_port()
+    with sidecar(str(tmp_path), port):
+        error = failed_start("--port", str(port))
+    assert f"127.0.0.1:{port} is in use" in error, error
+    assert "--port or NUMBAKV_SIDECAR_PORT" in error, error
+
+
+def test_an_address_not_on_this_machine_is_one_line_naming_it():
+    error = failed_start("--host", "192.0.2.1")  # TEST-NET-1: documentation only
+    assert "cannot listen on 192.0.2.1:9464: " in error and "NUMBAKV_SIDECAR_HOST" in error, error
+
+
+def test_a_bad_variable_is_named_as_a_variable_by_the_real_command():
+    error = failed_start(NUMBAKV_SIDECAR_PORT="abc")
+    assert "the environment variable NUMBAKV_SIDECAR_PORT is 'abc'" in error and "--" not in error
 
 
 def test_metrics_and_sidecar_import_without_numba():
@@ -226,16 +275,25 @@ def test_requests_serve_the_background_read_which_follows_new_data(tmp_path):
             time.sleep(0.02)
 
 
-def test_the_sidecar_logs_one_start_line(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_sidecar_logs_one_line_at_start_and_one_at_a_stop_which_exits_0(tmp_path, stop):
     port = free_port()
-    with sidecar(str(tmp_path), port, stderr=subprocess.PIPE, text=True) as proc:
-        pass
-    started = [line for line in proc.stderr.read().splitlines() if " serving " in line]
-    assert len(started) == 1
-    assert started[0].endswith(
-        f"numbakv-sidecar {numbakv.service.__version__} serving http://127.0.0.1:{port} "
-        f"from the metrics directory {tmp_path}"
-    )
+    with sidecar(
+        str(tmp_path),
+        port,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    ) as proc:
+        proc.send_signal(stop)
+        assert proc.wait(timeout=10) == 0  # a container's stop (SIGTERM) is no crash
+    log = proc.stderr.read()
+    served = f"http://127.0.0.1:{port} from the metrics directory {tmp_path}"
+    assert [line.split(": ", 1)[1] for line in log.splitlines() if ".cli: " in line] == [
+        f"numbakv-sidecar {numbakv.service.__version__} serving {served}",
+        f"numbakv-sidecar stopped on {stop.name}; it served {served}",
+    ]
+    assert "Traceback" not in log
 
 
 WITHOUT_SERVICE_EXTRA = """
@@ -261,4 +319,4 @@ def test_without_the_service_extra_one_line_names_the_pip_command():
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert "pip install 'numbakv[service]'" in result.stderr
+    assert "pip install -e '.[service]' in numbakv's repository" in result.stderr

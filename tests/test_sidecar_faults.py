@@ -38,7 +38,7 @@ class Served:
     def stops_on_sigterm(self, within_s: float = 5.0) -> None:
         started = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=within_s)
+        assert self.proc.wait(timeout=within_s) == 0
         assert time.monotonic() - started < within_s
 
 
