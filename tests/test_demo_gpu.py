@@ -2,7 +2,6 @@
 
 import pytest
 
-from numbakv.datapath import DEFAULT_MAX_THREAD_BLOCKS
 from numbakv.tools.demo import DemoConfig, run
 
 
@@ -19,8 +18,6 @@ def test_demo_at_real_size_with_torch_tensors(mode):
         host_blocks=1024,
         sessions=120,
         mode=mode,
-        threads_per_block=None,
-        max_thread_blocks=DEFAULT_MAX_THREAD_BLOCKS,
     )
     shape = (2, config.gpu_blocks, config.block_size, config.num_kv_heads, config.head_size)
     arrays = [

@@ -16,6 +16,7 @@ from numbakv.datapath.layouts import KVLayout, LayoutKind
 from numbakv.datapath.transfer import (
     DEFAULT_MAX_THREAD_BLOCKS,
     DEFAULT_THREADS_PER_BLOCK,
+    SIMULATOR_LAUNCH,
     GPUFault,
     TransferEngine,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "COMPILE_SECONDS",
     "DEFAULT_MAX_THREAD_BLOCKS",
     "DEFAULT_THREADS_PER_BLOCK",
+    "SIMULATOR_LAUNCH",
     "ChunkTransfers",
     "GPUFault",
     "HostPool",

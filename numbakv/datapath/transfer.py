@@ -43,6 +43,9 @@ from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 DEFAULT_MAX_THREAD_BLOCKS = 16
 """Thread blocks a job may hold by default: 16 leave the other SMs to the engine's kernels and the
 other direction's job (docs/DATAPATH.md, "Launch shape")."""
+SIMULATOR_LAUNCH = MappingProxyType({"threads_per_block": 32, "max_thread_blocks": 2})
+"""Launch options for Numba's CUDA simulator, which runs every thread in Python: one warp in two
+thread blocks keeps it quick (the engine's defaults took 8 times as long in the demo)."""
 DEFAULT_THREADS_PER_BLOCK = MappingProxyType({Direction.STORE: 128, Direction.LOAD: 1024})
 """Threads of each thread block by default, per direction (measured on an H200, docs/BENCHMARKS.md):
 a store's writes are posted, so 16 blocks of 128 threads reach the link's rate and slow the

@@ -14,8 +14,9 @@ import os
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -51,8 +52,7 @@ class DemoConfig:
     mode: str = "eager"
     trace: str | None = None
     requests: int | None = None  # the first this many requests of the workload; None: all
-    threads_per_block: int | None = 32  # None: the engine's default, per direction
-    max_thread_blocks: int | None = 2
+    launch: Mapping[str, Any] | None = None  # TransferEngine's launch options; None: by device
 
 
 @dataclass
@@ -116,15 +116,14 @@ class StandInEngine:
     """
 
     def __init__(self, config: DemoConfig, kv_arrays: list, report: DemoReport) -> None:
-        from numbakv.datapath import HostPool, KVLayout, TransferEngine
+        from numbakv.datapath import SIMULATOR_LAUNCH, HostPool, KVLayout, TransferEngine
 
         self.report = report
         layout = KVLayout.from_arrays("flash_attn", kv_arrays)
         self.block_bytes = report.block_bytes = layout.block_bytes
-        launch = {
-            "threads_per_block": config.threads_per_block,
-            "max_thread_blocks": config.max_thread_blocks,
-        }
+        launch = config.launch
+        if launch is None:  # the engine's defaults on a GPU; few threads for the interpreter
+            launch = SIMULATOR_LAUNCH if simulate_without_gpu() else {}
         self.offloader = KVOffloader(
             CPUOffloadingManager(config.block_size, config.host_blocks, cache_policy=config.policy),
             TransferEngine(

@@ -18,7 +18,7 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from numbakv.datapath import ChunkTransfers
+from numbakv.datapath import SIMULATOR_LAUNCH, ChunkTransfers
 from numbakv.integrations.vllm.config import Settings
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.tensors import torch_block_arrays
@@ -26,9 +26,6 @@ from numbakv.jobs import Direction
 from numbakv.metrics import OffloadMetrics
 
 logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
-
-SIMULATOR_ENGINE_OPTIONS = {"threads_per_block": 32, "max_thread_blocks": 2}
-"""The simulator interprets every thread in Python: one warp in two thread blocks keeps it quick."""
 
 
 class NumbaKVOffloadingWorker(OffloadingWorker):
@@ -56,7 +53,7 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
             [entry.page_size_bytes for entry in kv_caches.tensors],
             on_simulator,
         )
-        options = dict(SIMULATOR_ENGINE_OPTIONS) if on_simulator else {}
+        options = dict(SIMULATOR_LAUNCH) if on_simulator else {}
         if settings.max_thread_blocks is not None:
             options["max_thread_blocks"] = settings.max_thread_blocks
         transfers = ChunkTransfers(
