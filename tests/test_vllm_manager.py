@@ -223,3 +223,63 @@ def test_the_spec_sizes_the_host_tier_as_vllms_cpu_tier_does():
     manager = spec.get_manager().manager
     assert (manager.num_blocks, manager.store_threshold, manager.policy_name) == (10, 2, "lru")
     assert spec.get_manager() is spec.get_manager()
+
+
+def _reduced(manager: NumbaKVOffloadingManager) -> dict:
+    return manager.get_stats().reduce()
+
+
+def test_vllms_own_cpu_tier_metrics_are_reported():
+    """Issue 37: get_stats was None, so vLLM's kv_offload_cpu_* metrics vanished with numbakv."""
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
+
+    manager = adapter(capacity=4)
+    context = ReqContext(req_id="r")
+    output = manager.prepare_store(keys(1, 2), context)  # two chunks being written
+    reduced = _reduced(manager)
+    assert reduced[M.CPU_CACHE_WRITE_USAGE_PERC] == pytest.approx(0.5)
+    assert reduced[M.CPU_CACHE_READ_USAGE_PERC] == pytest.approx(0.0)
+    assert reduced[M.CPU_CACHE_USAGE_PERC] == pytest.approx(0.5)
+    manager.complete_store(set(output.keys_to_store), context)
+    manager.prepare_load(keys(1), context)  # one chunk being read
+    reduced = _reduced(manager)
+    assert reduced[M.CPU_CACHE_WRITE_USAGE_PERC] == pytest.approx(0.0)
+    assert reduced[M.CPU_CACHE_READ_USAGE_PERC] == pytest.approx(0.25)
+    assert reduced[M.CPU_CACHE_USAGE_PERC] == pytest.approx(0.25)
+    assert M.STORES_SKIPPED not in reduced  # no threshold
+
+
+def test_each_stores_allocation_is_observed_once():
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
+
+    manager = adapter(capacity=8)
+    stored(manager, 1, 2, 3)
+    stored(manager, 3, 4)  # only 4 is new
+    reduced = _reduced(manager)
+    assert (reduced[f"{M.CPU_ALLOCATION_SIZE}_count"], reduced[f"{M.CPU_ALLOCATION_SIZE}_sum"]) == (
+        2,
+        4,
+    )
+    assert f"{M.CPU_ALLOCATION_SIZE}_count" not in _reduced(manager)  # reported once
+
+
+def test_stores_skipped_by_the_threshold_are_counted_as_vllm_counts_them():
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
+
+    manager = adapter(capacity=8, store_threshold=2)
+    context = ReqContext(req_id="r")
+    manager.lookup(key(1), context)  # seen once: not stored yet
+    manager.prepare_store(keys(1), context)
+    assert _reduced(manager)[M.STORES_SKIPPED] == 1
+    assert _reduced(manager)[M.STORES_SKIPPED] == 0  # each skip reported once
+
+
+def test_the_spec_defines_vllms_cpu_tier_metrics():
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+
+    for extra in ({}, {"store_threshold": 2}):
+        assert NumbaKVOffloadingSpec.build_metric_definitions(
+            extra
+        ) == CPUOffloadingSpec.build_metric_definitions(extra)

@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
 from vllm.v1.kv_offload.base import (
     LookupResult,
     OffloadingEvent,
@@ -22,6 +25,7 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
 )
+from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from numbakv.integrations.vllm import convert
@@ -46,6 +50,8 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self.metrics = metrics
         self._lookup = manager.lookup
         self._generation = 0  # bumped by reset_cache: loads recorded before it are forgotten
+        self._allocation_sizes: list[int] = []  # chunks each store allocated, since get_stats
+        self._stores_skipped = 0  # the manager's count when get_stats last reported it
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -78,7 +84,11 @@ class NumbaKVOffloadingManager(OffloadingManager):
         keys = list(keys)
         self.manager.touch(self._take_loaded(req_context) + keys)
         plan = self.manager.prepare_store(keys)
-        return None if plan is None else convert.prepare_store_output(plan)
+        if plan is None:
+            return None
+        if plan.block_hashes_to_store:
+            self._allocation_sizes.append(len(plan.block_hashes_to_store))
+        return convert.prepare_store_output(plan)
 
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
@@ -101,6 +111,27 @@ class NumbaKVOffloadingManager(OffloadingManager):
 
     def take_events(self) -> Iterator[OffloadingEvent]:
         return map(convert.offloading_event, self.manager.take_events())
+
+    def get_stats(self) -> OffloadingConnectorStats:
+        """vLLM's own CPU-tier metrics, as its CPU manager reports them: the share of chunks a
+        store or a load pins, each store's allocation, and stores skipped by the threshold."""
+        stats = self.manager.stats()
+        result = OffloadingConnectorStats()
+        for name, chunks in (
+            (CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, stats.being_stored + stats.being_read),
+            (CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, stats.being_stored),
+            (CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, stats.being_read),
+        ):
+            result.set_gauge(name, chunks / stats.capacity)
+        for size in self._allocation_sizes:
+            result.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
+        self._allocation_sizes.clear()
+        if self.manager.store_threshold >= 2:
+            result.increase_counter(
+                CPUOffloadingMetrics.STORES_SKIPPED, stats.stores_skipped - self._stores_skipped
+            )
+            self._stores_skipped = stats.stores_skipped
+        return result
 
     def reset_cache(self) -> None:
         self.manager.reset_cache()

@@ -7,10 +7,18 @@ imported only by `get_worker`, so the scheduler process never loads Numba CUDA.
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm import __version__ as vllm_version
 from vllm.logger import init_logger
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec, OffloadingWorker
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    OffloadingMetricMetadata,
+    OffloadingSpec,
+    OffloadingWorker,
+)
 from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from numbakv.integrations.vllm.config import Settings, host_chunks
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
@@ -25,6 +33,13 @@ TESTED_VLLM = "0.32.0"
 
 class NumbaKVOffloadingSpec(OffloadingSpec):
     """Sizes numbakv's host tier from vLLM's config and builds its manager and workers."""
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        """vLLM's own CPU-tier metrics (`vllm:kv_offload_cpu_*`): the manager reports them."""
+        return CPUOffloadingSpec.build_metric_definitions(extra_config)
 
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
