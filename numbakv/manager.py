@@ -377,5 +377,5 @@ class CPUOffloadingManager:
         )
 
     def policy_stats(self) -> dict[str, float]:
-        """The policy's own gauges (ARC: target p and list sizes)."""
+        """The policy's own gauges (ARC and sarc: target p and list sizes; S3-FIFO: queues)."""
         return self._policy.stats()
