@@ -4,9 +4,10 @@
         [--out results/manager_vs_vllm.json]
 
 Replays a Mooncake-format trace (default: the shipped conversation trace) through
-vLLM's `CPUOffloadingManager` with its LRU and ARC policies and through numbakv's with each of
-its policies, one process, the same `OffloadKey` bytes for every manager, the replay semantics of
-docs/MANAGER.md ("Replay"). Timing is the best of `--repeats` rounds, each round running every
+vLLM's `CPUOffloadingManager` with its LRU and ARC policies and with numbakv's sarc, S3-FIFO and
+SIEVE (`numbakv.integrations.vllm.policies`), and through numbakv's with each of its policies, one
+process, the same `OffloadKey` bytes for every manager, the replay semantics of docs/MANAGER.md
+("Replay"). Timing is the best of `--repeats` rounds, each round running every
 manager once in turn, in CPU seconds of this process (time.process_time: on a shared machine it
 leaves out the time the process waits for a core). Bytes per cached block: tracemalloc over a
 separate replay, the manager's memory at its end over the capacity (ghost lists included).
@@ -30,7 +31,7 @@ from numbakv.tools.replay import replay_request
 from numbakv.tools.traces import read_hash_chains
 
 NUMBAKV_POLICIES = ("lru", "arc", "s3fifo", "sieve", "sarc")
-VLLM_POLICIES = ("lru", "arc")
+VLLM_POLICIES = ("lru", "arc", "s3fifo", "sieve", "sarc")  # the last three are numbakv's
 BASELINE = ("vllm", "lru")
 
 

@@ -36,9 +36,16 @@ def offload_chains(chains: Iterable[Sequence[int]]) -> list[list[OffloadKey]]:
     ]
 
 
+NUMBAKV_CACHE_POLICIES = "numbakv.integrations.vllm.policies"
+"""Where vLLM's policy factory finds numbakv's policies ("sarc", "s3fifo", "sieve")."""
+
+
 def vllm_manager(policy: str, capacity: int) -> CPUOffloadingManager:
-    """vLLM's manager with its own `policy` ("lru" or "arc") over `capacity` blocks."""
-    return CPUOffloadingManager(num_chunks=capacity, cache_policy=policy)
+    """vLLM's manager over `capacity` blocks with `policy`: vLLM's own ("lru", "arc"; its factory
+    looks them up first) or numbakv's, as a vLLM configuration names them."""
+    return CPUOffloadingManager(
+        num_chunks=capacity, cache_policy=policy, cache_policy_module_path=NUMBAKV_CACHE_POLICIES
+    )
 
 
 def replay_request(

@@ -6,11 +6,13 @@
 Every request goes through the calls vLLM 0.32's OffloadingConnector makes of a manager, one
 request at a time: on_new_request; lookup, one key at a time, up to the first miss; prepare_load
 and complete_load of the hits; prepare_store of the rest (when there is a rest) and complete_store
-of what it returned; on_request_finished. Managers: vLLM's CPUOffloadingManager with its LRU, and
-numbakv's adapter (`NumbaKVOffloadingManager`) with LRU and sarc. Cost is wall time per key
-reference, best of --repeats, the managers taking turns in one process. Target: numbakv's LRU
-through the adapter at most 0.5x vLLM's LRU. Without --trace, numbakv's built-in chat workload.
-Needs vLLM (pip install 'numbakv[vllm]').
+of what it returned; on_request_finished. Managers: vLLM's CPUOffloadingManager with its LRU and
+with numbakv's sarc, S3-FIFO and SIEVE as vLLM `CachePolicy`s (`numbakv.integrations.vllm.policies`),
+and numbakv's adapter (`NumbaKVOffloadingManager`) with LRU and those three. Cost is wall time per
+key reference, best of --repeats, the managers taking turns in one process. Targets: numbakv's LRU
+through the adapter at most 0.5x vLLM's LRU; each of numbakv's policies inside vLLM's manager
+within 0.001 of its hit ratio through the adapter. Without --trace, numbakv's built-in chat
+workload. Needs vLLM (pip install 'numbakv[vllm]').
 """
 
 from __future__ import annotations
@@ -63,10 +65,16 @@ def numbakv_manager(policy: str, capacity: int) -> NumbaKVOffloadingManager:
     )
 
 
+IN_BOTH = ("sarc", "s3fifo", "sieve")  # numbakv's policies, through its adapter and inside vLLM's
+
 MANAGERS: dict[str, Callable[[int], OffloadingManager]] = {
     "vllm lru": lambda capacity: vllm_manager("lru", capacity),
     "numbakv lru": lambda capacity: numbakv_manager("lru", capacity),
-    "numbakv sarc": lambda capacity: numbakv_manager("sarc", capacity),
+    **{
+        f"{side} {policy}": lambda capacity, build=build, policy=policy: build(policy, capacity)
+        for policy in IN_BOTH
+        for side, build in (("numbakv", numbakv_manager), ("vllm", vllm_manager))
+    },
 }
 
 
@@ -98,27 +106,35 @@ def main() -> None:
     chains = offload_chains(chains)
     references = sum(map(len, chains))
     print(f"{source}: {len(chains):,} requests, {references:,} key references")
-    print(
-        f"{'capacity':>9}  " + "  ".join(f"{name:>22}" for name in MANAGERS) + "  numbakv/vllm lru"
-    )
+    print(f"{'capacity':>9}  {'manager':<15} {'ns/ref':>7} {'x vllm lru':>10} {'hit ratio':>9}")
     rows = []
     for capacity in (int(text) for text in args.capacities.split(",")):
         results = measure(chains, capacity, args.repeats)
-        ratio = results["numbakv lru"]["seconds"] / results["vllm lru"]["seconds"]
-        cells = [
-            f"{1e9 * r['seconds'] / references:6.0f} ns/ref hit {r['hits'] / references:.3f}"
-            for r in results.values()
-        ]
-        print(f"{capacity:>9,}  " + "  ".join(f"{cell:>22}" for cell in cells) + f"  {ratio:15.2f}")
+        baseline = results["vllm lru"]["seconds"]
+        for name, r in results.items():
+            print(
+                f"{capacity:>9,}  {name:<15} {1e9 * r['seconds'] / references:7,.0f} "
+                f"{r['seconds'] / baseline:10.2f} {r['hits'] / references:9.4f}"
+            )
+        gaps = {
+            policy: results[f"vllm {policy}"]["hits"] - results[f"numbakv {policy}"]["hits"]
+            for policy in IN_BOTH
+        }
+        print(
+            f"{capacity:>9,}  hits inside vLLM's manager - through the adapter: "
+            + ", ".join(f"{p} {gap:+,} ({gap / references:+.5f})" for p, gap in gaps.items())
+        )
         rows.append(
             {
                 "capacity": capacity,
                 "references": references,
-                "lru_ratio": ratio,
+                "lru_ratio": results["numbakv lru"]["seconds"] / baseline,
+                "hit_gaps": gaps,
                 **{
                     name: {
                         "seconds": r["seconds"],
                         "ns_per_reference": 1e9 * r["seconds"] / references,
+                        "ratio_to_vllm_lru": r["seconds"] / baseline,
                         "hit_ratio": r["hits"] / references,
                     }
                     for name, r in results.items()

@@ -15,6 +15,12 @@ from numbakv.manager import MAX_TRACKER_SIZE
 from numbakv.policies import resolve_policy
 
 DEFAULT_POLICY = "lru"  # vLLM's default; docs/VLLM.md recommends "sarc"
+VLLM_CACHE_POLICIES = (
+    "a vLLM CachePolicy runs in vLLM's own CPUOffloadingSpec or TieringOffloadingSpec, and so do "
+    "numbakv's policies as vLLM CachePolicies (eviction_policy 'sarc', 's3fifo' or 'sieve' with "
+    "cache_policy_module_path 'numbakv.integrations.vllm.policies')"
+)
+"""How to run a vLLM CachePolicy, said where numbakv's spec refuses one."""
 
 
 class ConfigError(ValueError):
@@ -44,8 +50,8 @@ class Settings:
         if extra.get("cache_policy_module_path") is not None:
             raise ConfigError(
                 "cache_policy_module_path",
-                "names a vLLM CachePolicy, which numbakv cannot run; give a numbakv policy "
-                "as eviction_policy='package.module:ClassName' instead",
+                "NumbaKVOffloadingSpec runs numbakv's policies itself, named by eviction_policy "
+                f"alone (drop this key); {VLLM_CACHE_POLICIES}",
             )
         if extra.get("canonical_layout"):
             raise ConfigError(
@@ -56,7 +62,8 @@ class Settings:
         try:
             resolve_policy(policy)
         except (TypeError, ValueError) as error:
-            raise ConfigError("eviction_policy", str(error)) from None
+            hint = f"; {VLLM_CACHE_POLICIES}" if isinstance(policy, str) else ""
+            raise ConfigError("eviction_policy", f"{error}{hint}") from None
         max_thread_blocks = extra.get("max_thread_blocks")
         return cls(
             cpu_bytes_to_use=_integer(extra, "cpu_bytes_to_use", minimum=1),
