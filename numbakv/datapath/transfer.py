@@ -226,12 +226,14 @@ class TransferEngine:
         )
 
     def check_gpu_ids(self, direction: Direction | str, gpu_block_ids: Any) -> np.ndarray:
-        """`gpu_block_ids` as int64, each a GPU block; unique where they are destinations (a load)."""
+        """`gpu_block_ids` as int64, each a GPU block; unique where they are destinations
+        (a load)."""
         is_load = self._lane(direction).direction is Direction.LOAD
         return self._gpu_ids("gpu_block_ids", gpu_block_ids, is_load)
 
     def check_host_ids(self, direction: Direction | str, host_block_ids: Any) -> np.ndarray:
-        """`host_block_ids` as int64, each a host block; unique where they are destinations (a store)."""
+        """`host_block_ids` as int64, each a host block; unique where they are destinations
+        (a store)."""
         is_store = self._lane(direction).direction is Direction.STORE
         return self._host_ids("host_block_ids", host_block_ids, is_store)
 

@@ -1,8 +1,8 @@
 """vLLM's worker side: its `OffloadingWorker` interface over numbakv's kernels.
 
 The work is the data path's `ChunkTransfers`; this adapter reaches vLLM's KV tensors zero-copy,
-turns vLLM's specs into its calls and its finished jobs into vLLM's `TransferResult`s. A job that cannot be
-queued is refused (`False`, nothing moved); a job that fails is reported with `success=False`.
+turns vLLM's specs into its calls and its finished jobs into vLLM's `TransferResult`s. A job that
+cannot be queued is refused (`False`, nothing moved); a failed job is reported `success=False`.
 """
 
 from __future__ import annotations
