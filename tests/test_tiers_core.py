@@ -283,3 +283,15 @@ def test_a_load_into_one_row_twice_is_refused():
 def test_bad_tier_settings_are_refused(pool, options, named):
     with pytest.raises(ValueError, match=named):
         tier_over(DictBackend(), pool, **options)
+
+
+def test_a_backend_error_fails_the_job_instead_of_losing_it():
+    class Broken(DictBackend):
+        def read_into(self, keys, payloads, header_bytes):
+            raise OSError("disk on fire")
+
+    tier = tier_over(Broken())
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.submit_load(2, KEYS[:1], [1])
+    jobs = finished(tier)
+    assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)

@@ -189,28 +189,31 @@ class ChunkTier:
             self._pending.discard(future)
 
     def _lookup(self, keys: list[bytes]) -> list[bool]:
-        try:
-            found = self.backend.exists(keys)
-        except BackendUnavailable:
-            found = [False] * len(keys)
-            with self._lock:
-                self.counters.unavailable += 1
+        found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
         with self._lock:
             found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
             self.counters.lookups += len(keys)
             self.counters.lookup_hits += sum(found)
         return found
 
+    def _ask_backend(self, call, failed_answer, *args):
+        """`call(*args)`, or `failed_answer` when the store fails: a tier never fails its caller."""
+        try:
+            return call(*args)
+        except BackendUnavailable:
+            with self._lock:
+                self.counters.unavailable += 1
+        except Exception:
+            logger.exception("numbakv tier: %s failed", call.__name__)
+        return failed_answer
+
     def _store(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
         start = time.perf_counter()
         payloads = [memoryview(self._pool[row]) for row in rows]
         headers = [encode_header(self._namespace_digest, self.writer_id, p) for p in payloads]
-        try:
-            written = self.backend.write(keys, headers, payloads)
-        except BackendUnavailable:
-            written = [False] * len(keys)
-            with self._lock:
-                self.counters.unavailable += 1
+        written = self._ask_backend(
+            self.backend.write, [False] * len(keys), keys, headers, payloads
+        )
         stored = [key for key, ok in zip(keys, written) if ok]
         with self._lock:
             self._unloadable.difference_update(stored)
@@ -223,12 +226,9 @@ class ChunkTier:
     def _load(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
         start = time.perf_counter()
         payloads = [memoryview(self._pool[row]) for row in rows]
-        try:
-            values = self.backend.read_into(keys, payloads, HEADER_BYTES)
-        except BackendUnavailable:
-            values = [None] * len(keys)
-            with self._lock:
-                self.counters.unavailable += 1
+        values = self._ask_backend(
+            self.backend.read_into, [None] * len(keys), keys, payloads, HEADER_BYTES
+        )
         failed, corrupt, own, other = [], [], 0, 0
         for key, payload, value in zip(keys, payloads, values):
             if value is None:
@@ -248,11 +248,8 @@ class ChunkTier:
                 own += 1
             else:
                 other += 1
-        if corrupt:
-            try:
-                self.backend.delete(corrupt)
-            except BackendUnavailable:
-                pass  # still unloadable here; the next reader's check catches it again
+        if corrupt:  # if the delete fails, the next reader's check catches them again
+            self._ask_backend(self.backend.delete, None, corrupt)
         with self._lock:
             self._unloadable.update(failed)
             self.counters.integrity_failures += len(corrupt)
