@@ -269,20 +269,28 @@ class CPUOffloadingManager:
         free_slots = self._free_slots
         shortfall = len(to_store) - len(free_slots)
         evicted: list[BlockHash] = []
+        evicted_ids = HostBlocks()
         if shortfall > 0:
-            evicted = self._evict(shortfall, unique if named_cached else ())
-            if evicted is None:
+            victims = self._evict(shortfall, unique if named_cached else ())
+            if victims is None:
                 return None
+            evicted, evicted_ids = victims
         slots = free_slots[-len(to_store) :]
         del free_slots[-len(to_store) :]
         slots.reverse()
         self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
         self._stores_skipped += skipped
-        return StorePlan(to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted)
+        return StorePlan(
+            to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted, evicted_ids
+        )
 
-    def _evict(self, shortfall: int, named: Collection[BlockHash]) -> list[BlockHash] | None:
-        """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot."""
+    def _evict(
+        self, shortfall: int, named: Collection[BlockHash]
+    ) -> tuple[list[BlockHash], HostBlocks] | None:
+        """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot.
+
+        Returns the victims' hashes and their slots."""
         if shortfall > self._num_idle:  # fail fast, without looking at any block
             return None
         get, ref_counts = self._policy.get, self._ref_counts
@@ -299,7 +307,7 @@ class CPUOffloadingManager:
         evicted = list(evicted)
         if self._events is not None:
             self._emit(evicted, removed=True)
-        return evicted
+        return evicted, HostBlocks(np.array(freed, dtype=np.int64))
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         """Make stored blocks ready, or on failure drop them and free their slots.
