@@ -151,6 +151,7 @@ def test_store_then_load_is_byte_exact_and_counts_own_writes():
     backend = DictBackend()
     pool = random_pool(8, 2)
     tier = tier_over(backend, pool)
+    assert (tier.num_rows, tier.chunk_bytes) == pool.shape
     tier.submit_store("s", KEYS, [0, 1, 2, 3])
     assert finished(tier)["s"].success
     assert tier.contains(KEYS + [b"absent"]) == [True] * 4 + [False]

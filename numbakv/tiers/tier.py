@@ -111,6 +111,11 @@ class ChunkTier:
     def chunk_bytes(self) -> int:
         return self._pool.shape[1]
 
+    @property
+    def num_rows(self) -> int:
+        """Rows of the host pool the tier reads and writes (one chunk each)."""
+        return self._pool.shape[0]
+
     def lookup(self, keys: Sequence[bytes]) -> Future[list[bool]]:
         """Start a batched lookup; its future holds which keys are there to load."""
         keys = _checked_keys(keys)
