@@ -295,3 +295,19 @@ def test_a_backend_error_fails_the_job_instead_of_losing_it():
     tier.submit_load(2, KEYS[:1], [1])
     jobs = finished(tier)
     assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)
+
+
+def test_touch_reaches_the_backend_checked_and_a_backend_may_ignore_it():
+    touched = []
+
+    class RecencyBackend(DictBackend):
+        def touch(self, keys):
+            touched.append(list(keys))
+
+    tier_over(DictBackend()).touch(KEYS)  # the default: nothing to do
+    tier = tier_over(RecencyBackend())
+    tier.touch(KEYS[:2])
+    assert touched == [KEYS[:2]]
+    with pytest.raises(ValueError, match="keys"):
+        tier.touch(["k"])
+    assert touched == [KEYS[:2]]

@@ -126,6 +126,11 @@ class ChunkTier:
                 self.counters.late_lookups += 1
             return [False] * len(keys)
 
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark the keys as used now, the first as the most recent, on the caller's thread: the
+        backend keeps recency in memory (its policy's), or ignores it."""
+        self.backend.touch(_checked_keys(keys))
+
     def submit_store(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
         """Store the chunks in host-pool `rows` under `keys`; the rows must not change until done."""
         keys, rows = self._checked_job(keys, rows)
