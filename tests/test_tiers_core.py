@@ -174,7 +174,7 @@ def test_another_writers_chunks_load_and_count_as_theirs():
     assert (reader.counters.loaded_own, reader.counters.loaded_other) == (0, 2)
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "namespace"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "namespace", "another_key"])
 def test_a_damaged_value_is_a_failed_load_deleted_and_not_found_until_stored_anew(damage):
     backend = DictBackend()
     tier = tier_over(backend)
@@ -185,6 +185,8 @@ def test_a_damaged_value_is_a_failed_load_deleted_and_not_found_until_stored_ane
         value[HEADER_BYTES + 7] ^= 0x10
     elif damage == "truncate":
         del value[-100:]
+    elif damage == "another_key":
+        value = bytearray(backend.values[KEYS[0]])  # a whole, valid value, under the wrong key
     else:
         value[:HEADER_BYTES] = encode_header(
             namespace(model="other").digest, b"x" * 8, memoryview(tier._pool[1])

@@ -254,7 +254,10 @@ class ChunkTier:
     def _store(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
         start = time.perf_counter()
         payloads = [memoryview(self._pool[row]) for row in rows]
-        headers = [encode_header(self._namespace_digest, self.writer_id, p) for p in payloads]
+        headers = [
+            encode_header(self._namespace_digest, self.writer_id, p, key)
+            for key, p in zip(keys, payloads)
+        ]
         try:
             written = self._call(self.backend.write, keys, headers, payloads)
         except BackendUnavailable:
@@ -282,7 +285,7 @@ class ChunkTier:
                 continue
             try:
                 header = parse_header(value.header)
-                verify(header, self._namespace_digest, payload, value.payload_bytes)
+                verify(header, self._namespace_digest, payload, value.payload_bytes, key)
             except CorruptChunk as error:
                 logger.warning(
                     "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
