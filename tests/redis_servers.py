@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -90,6 +91,16 @@ def redis_server(directory: str, *config: str) -> Iterator[RedisServer]:
         server.kill()
 
 
+def cluster_port() -> int:
+    """A free port a cluster node can take: its bus port, 10000 higher, must exist and be free."""
+    while True:
+        port = free_port()
+        if port <= 55535:
+            with contextlib.suppress(OSError), socket.socket() as bus:
+                bus.bind(("127.0.0.1", port + 10000))
+                return port
+
+
 @contextlib.contextmanager
 def redis_cluster(directory: str, primaries: int = 3) -> Iterator[list[RedisServer]]:
     """A cluster of `primaries` primaries, no replicas, slots spread by `redis-cli --cluster create`."""
@@ -114,6 +125,7 @@ def redis_cluster(directory: str, primaries: int = 3) -> Iterator[list[RedisServ
                     "--maxmemory",
                     "128mb",
                 ),
+                port=cluster_port(),
             )
             node.start()
             nodes.append(node)
