@@ -136,3 +136,29 @@ def test_a_bad_or_unknown_setting_stops_the_engine_naming_it(tmp_path, change, n
         del config["root_dir"]
     with pytest.raises((ValueError, TypeError), match=named):
         engine("bad-engine", config).get_manager()
+
+
+def test_the_documented_combination_numbakvs_policy_above_numbakvs_disk_tier(tmp_path):
+    """docs/VLLM.md: vLLM's tiering spec, sarc for its CPU tier, the disk tier below it."""
+    from numbakv.integrations.vllm.policies import SightingARCCachePolicy
+
+    extra = {
+        "cpu_bytes_to_use": 8 * CHUNK_BYTES,
+        "eviction_policy": "sarc",
+        "cache_policy_module_path": "numbakv.integrations.vllm.policies",
+        "secondary_tiers": [disk_tier(tmp_path)],
+    }
+    config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
+    spec = TieringOffloadingSpec(dataclasses.replace(config, engine_id="combination"))
+    manager = spec.get_manager()
+    assert isinstance(manager.primary_tier._policy, SightingARCCachePolicy)
+    assert isinstance(manager.secondary_tiers[0], NumbaKVDiskTier)
+    keys = keys_of("c", 12)  # more than the CPU tier holds: the first ones live on disk only
+    for start in range(0, 12, 4):
+        store(spec, f"r{start}", keys[start : start + 4])
+    assert manager.primary_tier.lookup(keys[0], ReqContext(req_id="x")) is LookupResult.MISS
+    results = lookup_until_resolved(spec, "again", keys[:4])
+    assert list(results.values()) == [LookupResult.HIT] * 4
+    for key, found in zip(keys, loaded_bytes(spec, keys[:4])):
+        np.testing.assert_array_equal(found, chunk_bytes(key))
+    manager.shutdown()
