@@ -2,7 +2,8 @@
 
 Each row source (`ROW_SOURCES`) moves the same chunks, the rows of one page-aligned host pool of
 random bytes (as pinned host memory is), to its store and back, in jobs of `--job-chunks` chunks,
-and reports GB/s per direction (median of `--repeats`, each into a fresh directory):
+and reports GB/s per direction (median of `--repeats` rounds, each into a fresh directory; the
+sources' runs alternate within a round):
 - `dd`: one file of the same bytes, `oflag=direct` / `iflag=direct`, bs = one chunk: what the
   file system delivers to one sequential stream with the page cache bypassed;
 - `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk);
@@ -76,29 +77,21 @@ def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
-def row(source: str, direction: str, setup: Setup, seconds: list[float]) -> dict:
-    return {
-        "source": source,
-        "direction": direction,
-        "chunk_bytes": setup.chunk_bytes,
-        "chunks": len(setup.pool),
-        "GB/s": gbps(setup.nbytes, statistics.median(seconds)),
-        "runs_s": seconds,
-    }
+class SourceUnavailable(Exception):
+    """A row source that cannot run here (its library is not installed)."""
 
 
-def dd_rows(setup: Setup) -> list[dict]:
+def dd_run(setup: Setup) -> dict[str, float]:
     """dd with O_DIRECT both ways on one file of the same size, bs = one chunk."""
-    seconds = {"store": [], "load": []}
-    count = f"count={len(setup.pool)}"
-    block = f"bs={setup.chunk_bytes}"
-    for _ in range(setup.repeats):
-        directory = setup.fresh_directory("dd")
-        target = directory / "dd.bin"
-        seconds["store"].append(_dd("if=/dev/zero", f"of={target}", block, count, "oflag=direct"))
-        seconds["load"].append(_dd(f"if={target}", "of=/dev/null", block, count, "iflag=direct"))
-        shutil.rmtree(directory)
-    return [row("dd", direction, setup, runs) for direction, runs in seconds.items()]
+    directory = setup.fresh_directory("dd")
+    target = directory / "dd.bin"
+    count, block = f"count={len(setup.pool)}", f"bs={setup.chunk_bytes}"
+    seconds = {
+        "store": _dd("if=/dev/zero", f"of={target}", block, count, "oflag=direct"),
+        "load": _dd(f"if={target}", "of=/dev/null", block, count, "iflag=direct"),
+    }
+    shutil.rmtree(directory)
+    return seconds
 
 
 def _dd(*operands: str) -> float:
@@ -106,35 +99,32 @@ def _dd(*operands: str) -> float:
     return float(re.search(r"copied, ([0-9.e+-]+) s", finished.stderr).group(1))
 
 
-def numbakv_disk_rows(setup: Setup) -> list[dict]:
+def numbakv_disk_run(setup: Setup) -> dict[str, float]:
     """ChunkTier over DiskBackend: every job submitted at once, timed until the last finishes."""
     namespace = Namespace("bench", "", "uint8", 16, 1, 1, 1, 1, setup.chunk_bytes, "bench")
     keys = [uuid.uuid4().bytes for _ in range(len(setup.pool))]
-    target = np.empty_like(setup.pool)
-    seconds = {"store": [], "load": []}
-    for _ in range(setup.repeats):
-        directory = setup.fresh_directory("numbakv")
-        backend = DiskBackend(directory, namespace, setup.chunk_bytes, 2 * setup.nbytes)
-        tier = ChunkTier(backend, setup.pool, namespace, io_threads=setup.threads)
-        for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
-            if direction == "load":
-                target[:] = setup.pool
-                setup.pool[:] = 0
-            started = time.perf_counter()
-            for number, rows in enumerate(setup.jobs()):
-                submit(number, [keys[row] for row in rows], rows)
-            tier.drain()
-            seconds[direction].append(time.perf_counter() - started)
-            failed = [job for job in tier.take_finished() if not job.success]
-            if failed:
-                raise RuntimeError(f"numbakv-disk: {len(failed)} {direction} jobs failed")
-        _check_loaded(setup.pool, target, "numbakv-disk")
-        tier.close()
-        shutil.rmtree(directory)
-    return [row("numbakv-disk", direction, setup, runs) for direction, runs in seconds.items()]
+    directory = setup.fresh_directory("numbakv")
+    backend = DiskBackend(directory, namespace, setup.chunk_bytes, 2 * setup.nbytes)
+    tier = ChunkTier(backend, setup.pool, namespace, io_threads=setup.threads)
+    stored = setup.pool.copy()
+    seconds = {}
+    for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
+        if direction == "load":
+            setup.pool[:] = 0
+        started = time.perf_counter()
+        for number, rows in enumerate(setup.jobs()):
+            submit(number, [keys[row] for row in rows], rows)
+        tier.drain()
+        seconds[direction] = time.perf_counter() - started
+        if not all(job.success for job in tier.take_finished()):
+            raise RuntimeError(f"numbakv-disk: a {direction} job failed")
+    _check_loaded(setup.pool, stored, "numbakv-disk")
+    tier.close()
+    shutil.rmtree(directory)
+    return seconds
 
 
-def vllm_fs_rows(setup: Setup) -> list[dict]:
+def vllm_fs_run(setup: Setup) -> dict[str, float]:
     """vLLM 0.32's FileSystemTierManager over the same pool, driven as its tiering manager does."""
     try:
         from vllm.v1.kv_offload.base import ReqContext, make_offload_key
@@ -144,8 +134,7 @@ def vllm_fs_rows(setup: Setup) -> list[dict]:
 
         from tests.vllm_support import offloading_config
     except ImportError as error:
-        print(f"vllm-fs left out: vLLM does not import ({error})", file=sys.stderr)
-        return []
+        raise SourceUnavailable(f"vLLM does not import ({error})") from error
     config = offloading_config(
         {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": setup.nbytes},
         worker_kv_bytes_per_block=setup.chunk_bytes,
@@ -153,39 +142,36 @@ def vllm_fs_rows(setup: Setup) -> list[dict]:
     spec = TieringOffloadingSpec(dataclasses.replace(config, engine_id=uuid.uuid4().hex))
     keys = [make_offload_key(uuid.uuid4().bytes, 0) for _ in range(len(setup.pool))]
     context = ReqContext("bench")
-    target = np.empty_like(setup.pool)
-    seconds = {"store": [], "load": []}
-    for _ in range(setup.repeats):
-        directory = setup.fresh_directory("vllm")
-        tier = FileSystemTierManager(
-            spec,
-            memoryview(setup.pool),
-            "fs",
-            root_dir=str(directory),
-            n_read_threads=setup.threads,
-            n_write_threads=setup.threads,
-        )
-        for direction in ("store", "load"):
-            if direction == "load":
-                target[:] = setup.pool
-                setup.pool[:] = 0
-            submit = tier.submit_store if direction == "store" else tier.submit_load
-            jobs = setup.jobs()
-            started = time.perf_counter()
-            for number, rows in enumerate(jobs):
-                keys_of_job = [keys[row] for row in rows]
-                submit(TransferJob(number, keys_of_job, rows, direction == "load", context))
-            results = []
-            while len(results) < len(jobs):
-                results += tier.get_finished_jobs()
-                time.sleep(0.0002)
-            seconds[direction].append(time.perf_counter() - started)
-            if not all(result.success for result in results):
-                raise RuntimeError(f"vllm-fs: a {direction} job failed")
-        _check_loaded(setup.pool, target, "vllm-fs")
-        tier.shutdown()
-        shutil.rmtree(directory)
-    return [row("vllm-fs", direction, setup, runs) for direction, runs in seconds.items()]
+    directory = setup.fresh_directory("vllm")
+    tier = FileSystemTierManager(
+        spec,
+        memoryview(setup.pool),
+        "fs",
+        root_dir=str(directory),
+        n_read_threads=setup.threads,
+        n_write_threads=setup.threads,
+    )
+    stored = setup.pool.copy()
+    seconds = {}
+    for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
+        if direction == "load":
+            setup.pool[:] = 0
+        jobs = setup.jobs()
+        started = time.perf_counter()
+        for number, rows in enumerate(jobs):
+            keys_of_job = [keys[row] for row in rows]
+            submit(TransferJob(number, keys_of_job, rows, direction == "load", context))
+        results = []
+        while len(results) < len(jobs):
+            results += tier.get_finished_jobs()
+            time.sleep(0.0002)
+        seconds[direction] = time.perf_counter() - started
+        if not all(result.success for result in results):
+            raise RuntimeError(f"vllm-fs: a {direction} job failed")
+    _check_loaded(setup.pool, stored, "vllm-fs")
+    tier.shutdown()
+    shutil.rmtree(directory)
+    return seconds
 
 
 def _check_loaded(loaded: np.ndarray, stored: np.ndarray, source: str) -> None:
@@ -193,11 +179,40 @@ def _check_loaded(loaded: np.ndarray, stored: np.ndarray, source: str) -> None:
         raise RuntimeError(f"{source}: loaded bytes differ from the stored ones")
 
 
-ROW_SOURCES: dict[str, Callable[[Setup], list[dict]]] = {
-    "dd": dd_rows,
-    "numbakv-disk": numbakv_disk_rows,
-    "vllm-fs": vllm_fs_rows,
+ROW_SOURCES: dict[str, Callable[[Setup], dict[str, float]]] = {
+    "dd": dd_run,
+    "numbakv-disk": numbakv_disk_run,
+    "vllm-fs": vllm_fs_run,
 }
+"""One run of each source: seconds per direction. The runs of all sources alternate, so a busy
+moment of the machine falls on each alike."""
+
+
+def measure(setup: Setup, sources: list[str]) -> list[dict]:
+    """`setup.repeats` rounds of one run per source; a row per source and direction (medians)."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
+    for _ in range(setup.repeats):
+        for name in list(runs):
+            try:
+                runs[name].append(ROW_SOURCES[name](setup))
+            except SourceUnavailable as why:
+                print(f"{name} left out: {why}", file=sys.stderr)
+                del runs[name]
+    rows = []
+    for name, results in runs.items():
+        for direction in results[0]:
+            seconds = [result[direction] for result in results]
+            rows.append(
+                {
+                    "source": name,
+                    "direction": direction,
+                    "chunk_bytes": setup.chunk_bytes,
+                    "chunks": len(setup.pool),
+                    "GB/s": gbps(setup.nbytes, statistics.median(seconds)),
+                    "runs_GB/s": [gbps(setup.nbytes, s) for s in seconds],
+                }
+            )
+    return rows
 
 
 def aligned_random_pool(chunks: int, chunk_bytes: int) -> np.ndarray:
@@ -268,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         machine = (
             f"{platform.node()}, {platform.processor() or platform.machine()}, {file_system(root)}"
         )
-        rows = with_dd_share([r for name in args.sources for r in ROW_SOURCES[name](setup)])
+        rows = with_dd_share(measure(setup, args.sources))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{machine}; {settings}")
