@@ -85,3 +85,22 @@ def test_the_multiprocess_directory_holds_the_same_values(tmp_path):
         if key[0] == "numbakv_tier_breaker_open":
             continue  # a live gauge: it left with its process
         assert got[key] == pytest.approx(value), key
+
+
+def test_the_sidecar_summary_gives_each_tier_its_ratios_and_breaker():
+    from numbakv.service.stats import summarize, totals_from
+
+    tier = workload()
+    registry = CollectorRegistry()
+    OffloadMetrics(instance="e0", registry=registry, enabled=True, tiers={"redis": tier})
+    before = totals_from(registry.collect(), at=0.0)
+    tier.backend.unavailable = False
+    tier._breaker._open_until = 0.0  # cooled down: the next call probes the store
+    tier.contains([b"a", b"b", b"x", b"y"])
+    tier.submit_load(3, [b"b"], [3])
+    finished(tier)
+    stats = summarize(totals_from(registry.collect(), at=10.0), before)
+    assert stats.tiers["redis"].hit_ratio == pytest.approx(2 / 4)
+    assert stats.tiers["redis"].loaded_from_others == 0.0
+    assert stats.tiers["redis"].breaker_open is False
+    assert summarize(before, None).tiers["redis"].breaker_open is True

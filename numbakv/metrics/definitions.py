@@ -337,5 +337,7 @@ def manager_definitions(policy_name: str) -> tuple[Definition, ...]:
 
 
 def definition_of(source: Source, field: str) -> Definition:
-    """The manager's or transfers' metric that reads ``field`` of ``source``."""
-    return next(d for d in (*MANAGER, *TRANSFERS) if d.source is source and field in d.fields)
+    """The manager's, transfers' or tiers' metric that reads ``field`` of ``source``."""
+    return next(
+        d for d in (*MANAGER, *TRANSFERS, *TIER) if d.source is source and field in d.fields
+    )
