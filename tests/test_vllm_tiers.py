@@ -49,8 +49,12 @@ def server(tmp_path):
         yield started
 
 
-def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog):
+def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog, tmp_path):
+    from numbakv.service.metrics_dir import MetricsDirectory
+
     config = redis_tier(server.url, lookup_deadline_s=0.5)
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
     shared, own = keys_of("shared", 12), keys_of("own", 4)
     writer = subprocess.run(
         [sys.executable, "-m", "tests.tier_engine", "--engine-id", "writer-engine"]
@@ -60,9 +64,16 @@ def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog):
         text=True,
         timeout=120,
         check=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        env={**os.environ, "PYTHONPATH": ROOT, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
     )
     assert json.loads(writer.stdout.splitlines()[-1]) == {"stored": 12}
+    written = {
+        (sample.name, sample.labels.get("tier"))
+        for metric in MetricsDirectory(str(metrics_dir)).read().metrics
+        for sample in metric.samples
+        if sample.name == "numbakv_tier_stored_chunks_total" and sample.value == 12
+    }
+    assert written == {("numbakv_tier_stored_chunks_total", "NumbaKVRedisTier")}
 
     with caplog.at_level(logging.INFO, "numbakv.tiers"):
         reader = engine("reader-engine", config)
