@@ -266,7 +266,9 @@ class KVOffloader:
             if not found:
                 break
             held += 1
-        if not held:
+        stats = self.manager.stats()  # what host memory can take: free and evictable slots
+        held = min(held, stats.free + stats.used - stats.being_stored - stats.being_read)
+        if held < 1:
             return hits
         plan = self.manager.prepare_store(missed[:held])
         if plan is None or not plan.block_hashes_to_store:
