@@ -6,8 +6,9 @@ Tiering follows vLLM's: a host miss found in a lower tier (own disk first, then 
 is a hit and is promoted into host memory; what the engine computes is stored in host memory and
 reaches the lower tiers either by demotion (a block evicted from host memory moves to the next
 tier down, from disk to the shared tier) or by write-through (stored in every tier at once, as
-vLLM 0.32's TieringOffloadingManager does). With one engine and no lower tier a request is
-exactly one step of the one-engine replay (`numbakv.tools.replay.replay_request`).
+vLLM 0.32's TieringOffloadingManager does). After the promotions, host memory replays the request
+as the one-engine replay does (`numbakv.tools.replay.replay_request`), so it follows that replay's
+semantics; with one engine and no lower tier a request is exactly one of its steps.
 """
 
 from __future__ import annotations
@@ -99,88 +100,111 @@ class _Engine:
         self.requests = 0
 
 
+HOST, DISK, SHARED_OWN, SHARED_OTHER = "host", "disk", "shared_own", "shared_other"
+
+
 class Fleet:
     """The tiers of a fleet and the per-request step that serves a request on one engine."""
 
     def __init__(self, config: FleetConfig, slot_limit: int | None = None) -> None:
         """`slot_limit` caps every tier's slots (a trace's block references: more never fill)."""
 
-        def tier(capacity: int, policy: str, threshold: int = 1) -> CPUOffloadingManager:
+        def tier(capacity: int, policy: str, **options: int | bool) -> CPUOffloadingManager:
             slots = max(1, min(capacity, slot_limit)) if slot_limit else capacity
-            return CPUOffloadingManager(
-                block_size=1, num_blocks=slots, cache_policy=policy, store_threshold=threshold
-            )
+            return CPUOffloadingManager(1, slots, cache_policy=policy, **options)
 
         self.config = config
         lower = config.lower_tiers_policy
+        has_lower = bool(config.disk_capacity or config.shared_capacity)
         self.engines = [
             _Engine(
-                tier(config.host_capacity, config.policy, config.store_threshold),
+                # with lower tiers, host memory's events say what it stored and evicted
+                tier(
+                    config.host_capacity,
+                    config.policy,
+                    store_threshold=config.store_threshold,
+                    enable_events=has_lower,
+                ),
                 tier(config.disk_capacity, lower) if config.disk_capacity else None,
             )
             for _ in range(config.engines)
         ]
         self.shared = tier(config.shared_capacity, lower) if config.shared_capacity else None
         self._writer: dict[int, int] = {}  # shared tier's block -> the engine that wrote it
-        self.host_hits = self.disk_hits = self.shared_own_hits = self.shared_other_hits = 0
+        self.served = dict.fromkeys((HOST, DISK, SHARED_OWN, SHARED_OTHER), 0)
         self.misses = self.disk_writes = self.shared_writes = 0
 
     def serve(self, engine_number: int, chain: Sequence[int]) -> None:
         """One request on one engine: find its leading run of cached blocks tier by tier, promote
-        what the lower tiers held, store the computed tail."""
+        what the lower tiers held into host memory, then replay the request there as the
+        one-engine replay does (its hits, now all in host memory, and its computed tail)."""
         engine = self.engines[engine_number]
         engine.requests += 1
         if engine.disk is None and self.shared is None:
             hits, _ = replay_request(engine.host, chain)
-            self.host_hits += hits
+            self.served[HOST] += hits
             self.misses += len(chain) - hits
             return
-        host = engine.host
-        position = host.lookup(chain)
-        self.host_hits += position
-        promoted = []
-        while position < len(chain) and self._found_below(engine_number, chain[position]):
-            promoted.append(chain[position])
-            position += 1
-            while position < len(chain) and host.lookup(chain[position : position + 1]):
-                self.host_hits += 1
-                position += 1
-        self.misses += len(chain) - position
-        for manager in (host, engine.disk, self.shared):
-            if manager is not None:
-                manager.touch(chain)
-        self._store(engine_number, promoted, computed=False)
-        self._store(engine_number, chain[position:], computed=True)
+        found = self._locate(engine_number, chain)
+        for lower in (engine.disk, self.shared):
+            if lower is not None:
+                lower.touch(chain)
+        if any(tier != HOST for tier in found):
+            # naming the whole run spares its blocks already in host memory from the eviction
+            _, evicted, _ = _put(engine.host, chain[: len(found)])
+            if self.config.tiering == DEMOTE:
+                self._demote(engine_number, evicted)
+        list(engine.host.take_events())  # drop the promotion's: its blocks are below already
+        hits, _ = replay_request(engine.host, chain)  # all of `found`, unless promotion failed
+        for tier in found[:hits]:
+            self.served[tier] += 1
+        self.misses += len(chain) - hits
+        stored, evicted = [], []
+        for event in engine.host.take_events():
+            (evicted if event.removed else stored).extend(event.block_hashes)
+        if self.config.tiering == DEMOTE:
+            self._demote(engine_number, evicted)
+        else:
+            self._write_through(engine_number, stored)
 
-    def _found_below(self, engine_number: int, block: int) -> bool:
-        """Whether the engine's disk or the shared tier holds `block`; counts the hit."""
+    def _locate(self, engine_number: int, chain: Sequence[int]) -> list[str]:
+        """The tier that holds each block of the request's leading run of cached blocks."""
+        host = self.engines[engine_number].host
+        found = [HOST] * host.lookup(chain)
+        while len(found) < len(chain):
+            tier = self._tier_below(engine_number, chain[len(found)])
+            if tier is None:
+                break
+            found.append(tier)
+            while len(found) < len(chain) and host.lookup(chain[len(found) : len(found) + 1]):
+                found.append(HOST)
+        return found
+
+    def _tier_below(self, engine_number: int, block: int) -> str | None:
+        """Which lower tier holds `block` for this engine: its disk first, then the shared tier."""
         disk = self.engines[engine_number].disk
         if disk is not None and disk.lookup((block,)):
-            self.disk_hits += 1
-            return True
+            return DISK
         if self.shared is not None and self.shared.lookup((block,)):
-            if self._writer[block] == engine_number:
-                self.shared_own_hits += 1
-            else:
-                self.shared_other_hits += 1
-            return True
-        return False
+            return SHARED_OWN if self._writer[block] == engine_number else SHARED_OTHER
+        return None
 
-    def _store(self, engine_number: int, blocks: Sequence[int], computed: bool) -> None:
-        """Store blocks in the engine's host memory; then demote what that evicted, or write the
-        computed blocks through to the lower tiers (promoted ones are already below)."""
-        engine = self.engines[engine_number]
-        stored, evicted, _ = _put(engine.host, blocks)
-        if self.config.tiering == DEMOTE:
-            if engine.disk is not None:
-                written, disk_evicted, refused = _put(engine.disk, evicted)
-                self.disk_writes += len(written)
-                evicted = disk_evicted + refused
-            self._put_shared(engine_number, evicted)
-        elif computed:
-            if engine.disk is not None:
-                self.disk_writes += len(_put(engine.disk, stored)[0])
-            self._put_shared(engine_number, stored)
+    def _demote(self, engine_number: int, evicted: Sequence[int]) -> None:
+        """Blocks evicted from host memory go to the engine's disk, and what that evicts (or
+        cannot take) to the shared tier."""
+        disk = self.engines[engine_number].disk
+        if disk is not None and evicted:
+            written, disk_evicted, refused = _put(disk, evicted)
+            self.disk_writes += len(written)
+            evicted = disk_evicted + refused
+        self._put_shared(engine_number, evicted)
+
+    def _write_through(self, engine_number: int, stored: Sequence[int]) -> None:
+        """Blocks just stored in host memory are stored in every lower tier too."""
+        disk = self.engines[engine_number].disk
+        if disk is not None and stored:
+            self.disk_writes += len(_put(disk, stored)[0])
+        self._put_shared(engine_number, stored)
 
     def _put_shared(self, engine_number: int, blocks: Sequence[int]) -> None:
         if self.shared is None or not blocks:
@@ -193,15 +217,14 @@ class Fleet:
             self._writer[block] = engine_number
 
     def result(self, seconds: float) -> FleetResult:
-        hits = self.host_hits + self.disk_hits + self.shared_own_hits + self.shared_other_hits
         return FleetResult(
             config=self.config,
             requests=sum(engine.requests for engine in self.engines),
-            references=hits + self.misses,
-            host_hits=self.host_hits,
-            disk_hits=self.disk_hits,
-            shared_own_hits=self.shared_own_hits,
-            shared_other_hits=self.shared_other_hits,
+            references=sum(self.served.values()) + self.misses,
+            host_hits=self.served[HOST],
+            disk_hits=self.served[DISK],
+            shared_own_hits=self.served[SHARED_OWN],
+            shared_other_hits=self.served[SHARED_OTHER],
             misses=self.misses,
             disk_writes=self.disk_writes,
             shared_writes=self.shared_writes,
