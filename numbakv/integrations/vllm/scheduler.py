@@ -16,6 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
 )
 from vllm.v1.kv_offload.base import (
     LookupResult,
+    Medium,
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
@@ -41,6 +42,7 @@ class NumbaKVOffloadingManager(OffloadingManager):
     def __init__(self, manager: CPUOffloadingManager, metrics: OffloadMetrics | None = None):
         self.manager = manager
         self.metrics = metrics
+        self.medium = Medium.CPU  # what vLLM's CPU manager says its events' medium is
         self._lookup = manager.lookup
         self._allocation_sizes: list[int] = []  # chunks each store allocated, since get_stats
         self._stores_skipped = 0  # the manager's count when get_stats last reported it
