@@ -267,6 +267,8 @@ def test_slots_are_handed_out_as_vllm_does():
     assert plan.block_hashes_evicted == [3, 1]  # 2 is named; 3 and 1 free slots 2 and 0
     assert plan.block_hashes_to_store == [5, 6, 7]
     assert plan.store_spec.block_ids.tolist() == [3, 0, 2]
+
+
 def test_stats_counts_lookups_hits_and_misses(manager):
     stored(manager, [1, 2])
     manager.lookup([1, 2, 3, 4])

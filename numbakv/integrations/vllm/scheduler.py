@@ -70,9 +70,7 @@ class NumbaKVOffloadingManager(OffloadingManager):
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HostChunksSpec:
-        return convert.host_chunks_spec(
-            self.manager.prepare_load(keys, self._request(req_context))
-        )
+        return convert.host_chunks_spec(self.manager.prepare_load(keys, self._request(req_context)))
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.manager.touch(keys)
