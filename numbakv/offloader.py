@@ -258,11 +258,10 @@ class KVOffloader:
         """Start promoting the leading `missed` blocks the tier holds; `hits` if there are none."""
         if missed[0] in self._promoting:
             return None
-        keys = [tier_key(block_hash) for block_hash in missed]
         if self.manager.is_being_stored(missed[0]):
             return hits  # the engine is storing it: it still has it
         held = 0
-        for found in self.tier.contains(keys):
+        for found in self.tier.contains([tier_key(block_hash) for block_hash in missed]):
             if not found:
                 break
             held += 1
