@@ -46,6 +46,7 @@ DEFAULT_GPU_BLOCKS = 96
 FIRST_REQUESTS = 10
 """The second engine's first requests, whose hits in the tier below show what is shared."""
 ENGINES = 2
+"""Engines, each in a process of its own, that the demo runs over one tier below host memory."""
 
 
 @dataclass(frozen=True)
@@ -492,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{cut_short.requests:,} requests; the figures below are partial\n"
         )
     except KeyboardInterrupt:
-        sys.stderr.write(f"{parser.prog}: interrupted before serving every request\n")
+        before = "any request was served" if config.tier is None else "both engines finished"
+        sys.stderr.write(f"{parser.prog}: interrupted before {before}\n")
         return INTERRUPTED
     else:
         status = 1 if any(report.mismatched for report in reports) else 0
