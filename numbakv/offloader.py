@@ -126,6 +126,9 @@ class KVOffloader:
         self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
         self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
         self._promoting: set[BlockHash] = set()
+        # Promoted blocks still in host memory: the tier has them already, so evicting one again
+        # copies nothing down. At most one entry a host block.
+        self._promoted: set[BlockHash] = set()
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
         """How many leading blocks the host pool can load; None: ask again after a `poll`.
@@ -241,10 +244,15 @@ class KVOffloader:
         """Copy the blocks `plan` evicted down to the tier; the tier job id, None if none."""
         if self.tier is None or self.tiering != DEMOTE or plan is None:
             return None
-        evicted = plan.block_hashes_evicted
+        evicted, rows = plan.block_hashes_evicted, plan.evicted_block_ids.block_ids
+        below = [block_hash in self._promoted for block_hash in evicted]
+        if any(below):
+            self._promoted.difference_update(evicted)
+            evicted = [block_hash for block_hash, known in zip(evicted, below) if not known]
+            rows = rows[~np.array(below)]
         if not evicted:
             return None
-        return self._tier_job(DEMOTE, evicted, plan.evicted_block_ids.block_ids)
+        return self._tier_job(DEMOTE, evicted, rows)
 
     def _tier_job(self, kind: str, block_hashes: list, host_ids: np.ndarray) -> int:
         job_id = next(self._job_ids)
@@ -326,6 +334,7 @@ class KVOffloader:
         """
         finished = self.drain()
         self.manager.reset_cache()
+        self._promoted.clear()
         return finished
 
     def _collect(self) -> None:
@@ -357,6 +366,8 @@ class KVOffloader:
             self.manager.complete_store(lost, success=False)
             self.manager.complete_store(block_hashes, success=True)
             self._promoting.difference_update(block_hashes)
+            if self.tiering == DEMOTE:
+                self._promoted.update(h for h in block_hashes if tier_key(h) not in failed)
 
     def _settle(self, direction: Direction, block_hashes: list, success: bool) -> None:
         if direction is Direction.STORE:

@@ -204,3 +204,22 @@ def test_tier_keys_are_bytes_as_they_are_and_ints_as_8_bytes():
     assert tier_key(b"\x01\x02") == b"\x01\x02"
     assert tier_key(1) == b"\x01" + bytes(7) and tier_key(np.int64(-1)) == b"\xff" * 8
     assert len({tier_key(h) for h in range(-1000, 1000)}) == 2000
+
+
+def test_a_promoted_block_evicted_again_is_not_copied_down_twice(rig):
+    offloader, writes = rig.offloader, []
+    write = rig.backend.write
+    rig.backend.write = lambda keys, *rest: writes.extend(keys) or write(keys, *rest)
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e", b"f"], [4, 5]))  # a and b go down
+    offloader.drain()
+    assert rig.settled_lookup([b"a", b"b"]) == 2  # promoted: c and d go down
+    assert writes == [b"a", b"b", b"c", b"d"]
+    offloader.wait(offloader.store([b"g", b"h"], [6, 7]))  # e and f go down
+    assert rig.settled_lookup([b"c"]) == 1  # evicts a, which the tier still holds
+    offloader.drain()
+    assert writes == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert rig.settled_lookup([b"e", b"f"]) == 2  # evicts b and g: only g goes down
+    offloader.drain()
+    assert writes[6:] == [b"g"]
+    rig.load_and_check([b"e", b"f"], [4, 5])
