@@ -14,7 +14,10 @@ host memory off the engine's thread.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for_futures
 from functools import partial
 from itertools import count
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -36,6 +39,8 @@ DEMOTE: Tiering = "demote"
 WRITE_THROUGH: Tiering = "write-through"
 TIERINGS = (DEMOTE, WRITE_THROUGH)
 _PROMOTE = "promote"  # the tier job kinds besides the two tierings
+MAX_TIER_LOOKUPS = 4096
+"""Tier lookups kept under way at once; past it the oldest is forgotten (its request asks anew)."""
 
 
 def tier_key(block_hash: BlockHash) -> bytes:
@@ -126,6 +131,8 @@ class KVOffloader:
         self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
         self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
         self._promoting: set[BlockHash] = set()
+        # Tier lookups under way, by a request's first host miss: answer, hashes asked, deadline.
+        self._tier_lookups: dict[BlockHash, tuple[Future, list, float]] = {}
         # Promoted blocks still in host memory: the tier has them already, so evicting one again
         # copies nothing down. At most one entry a host block.
         self._promoted: set[BlockHash] = set()
@@ -133,9 +140,10 @@ class KVOffloader:
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
         """How many leading blocks the host pool can load; None: ask again after a `poll`.
 
-        With a tier, the blocks after the host hits that the tier holds are promoted into host
-        memory (tier -> host rows, off this thread), and None says so; a failed promotion is a
-        miss. The tier is asked within its lookup deadline (late is a miss).
+        With a tier, a host miss is looked up in the tier (None while it answers; an answer later
+        than its deadline is a miss), and the blocks after the host hits that it holds are
+        promoted into host memory (None again until they are there). Neither waits on this
+        thread; a failed promotion is a miss.
         """
         hits = self.manager.lookup(block_hashes)
         if self.tier is None or hits == len(block_hashes):
@@ -268,11 +276,9 @@ class KVOffloader:
             return None
         if self.manager.is_being_stored(missed[0]):
             return hits  # the engine is storing it: it still has it
-        held = 0
-        for found in self.tier.contains([tier_key(block_hash) for block_hash in missed]):
-            if not found:
-                break
-            held += 1
+        held = self._held_below(missed)
+        if held is None:
+            return None
         stats = self.manager.stats()  # what host memory can take: free and evictable slots
         held = min(held, stats.free + stats.used - stats.being_stored - stats.being_read)
         if held < 1:
@@ -294,6 +300,35 @@ class KVOffloader:
         self._promoting.update(promoted)
         return None
 
+    def _held_below(self, missed: list) -> int | None:
+        """How many leading `missed` blocks the tier holds; None while it is being asked.
+
+        The first call for a request (named by its first miss) starts the tier's lookup; a later
+        one takes the answer, or a miss once the deadline has passed.
+        """
+        asked = self._tier_lookups.pop(missed[0], None)
+        if asked is None:
+            if len(self._tier_lookups) >= MAX_TIER_LOOKUPS:
+                del self._tier_lookups[next(iter(self._tier_lookups))]
+            future = self.tier.lookup([tier_key(block_hash) for block_hash in missed])
+            deadline = time.monotonic() + self.tier.lookup_deadline_s
+            self._tier_lookups[missed[0]] = (future, missed, deadline)
+            return None
+        future, asked_hashes, deadline = asked
+        if not future.done():
+            if time.monotonic() < deadline:
+                self._tier_lookups[missed[0]] = asked
+                return None
+            return 0
+        if future.exception() is not None:
+            return 0
+        held = 0
+        for wanted, asked_hash, found in zip(missed, asked_hashes, future.result()):
+            if wanted != asked_hash or not found:
+                break
+            held += 1
+        return held
+
     def poll(self) -> list[FinishedJob]:
         """The jobs finished since the last poll, with the manager updated."""
         self._collect()
@@ -314,14 +349,17 @@ class KVOffloader:
         return reported[0]
 
     def drain(self) -> list[FinishedJob]:
-        """Wait for every job in flight, the tier's too (at shutdown, say); returns what `poll`
-        would."""
+        """Wait for every job in flight, the tier's jobs and lookups too (at shutdown, say);
+        returns what `poll` would."""
         while self._jobs or self._tier_jobs:
             if self._jobs:
                 self.wait(next(iter(self._jobs)))
             else:
                 self.tier.drain()
                 self._collect()
+        if self._tier_lookups:
+            answers = [future for future, _, _ in self._tier_lookups.values()]
+            wait_for_futures(answers, timeout=self.tier.lookup_deadline_s)
         return self.poll()
 
     def reset(self) -> list[FinishedJob]:

@@ -22,14 +22,16 @@ HOST_BLOCKS = 4
 class Rig:
     """A GPU cache of 8 random blocks, a host pool of 4, a dict-backed tier over that pool."""
 
-    def __init__(self, tiering="demote", seed=11, backend=None):
+    def __init__(self, tiering="demote", seed=11, backend=None, lookup_deadline_s=1.0):
         self.cache = make_cache("flash_attn", np.random.default_rng(seed), num_blocks=8)
         pool = HostPool.for_layout(self.cache.layout, HOST_BLOCKS)
         self.pool = pool.blocks
         engine = TransferEngine(self.cache.layout, pool, threads_per_block=32, max_thread_blocks=2)
         self.manager = CPUOffloadingManager(block_size=2, num_blocks=HOST_BLOCKS)
         self.backend = backend or DictBackend()
-        self.tier = ChunkTier(self.backend, pool.blocks, namespace(), lookup_deadline_s=1.0)
+        self.tier = ChunkTier(
+            self.backend, pool.blocks, namespace(), lookup_deadline_s=lookup_deadline_s
+        )
         self.offloader = KVOffloader(self.manager, engine, tier=self.tier, tiering=tiering)
         self.original = self.cache.host_copies()
 
@@ -65,7 +67,9 @@ def test_an_evicted_block_is_demoted_then_promoted_back_byte_exact(rig):
     offloader.wait(offloader.store([b"e", b"f"], [4, 5]))  # evicts a and b (LRU)
     offloader.drain()
     assert set(rig.backend.values) == {b"a", b"b"}
-    assert offloader.lookup([b"a", b"b"]) is None  # promotion under way
+    assert offloader.lookup([b"a", b"b"]) is None  # the tier is asked
+    offloader.drain()
+    assert offloader.lookup([b"a", b"b"]) is None  # it holds both: promotion under way
     offloader.drain()
     assert offloader.lookup([b"a", b"b"]) == 2
     rig.load_and_check([b"a", b"b"], [0, 1])
@@ -129,12 +133,26 @@ def test_a_failed_promotion_is_a_miss_and_never_wrong_bytes(rig, damage):
     rig.backend.exists = lambda keys: [True] * len(keys)  # claims b even once deleted (a race)
     if damage == "delete":
         del rig.backend.values[b"b"]
-    assert offloader.lookup([b"a", b"b"]) is None
-    offloader.drain()
-    assert offloader.lookup([b"a", b"b"]) == 1  # a promoted, b a miss: not asked for again
+    assert rig.settled_lookup([b"a", b"b"]) == 1  # a promoted, b a miss: not found again
     stats = rig.manager.stats()  # b's slot freed again; c and d made room, demoted
     assert (stats.failed_store_blocks, stats.used, stats.being_stored) == (1, 3, 0)
     rig.load_and_check([b"a"], [0])
+
+
+def test_the_engine_never_waits_for_the_tier_and_a_late_answer_is_a_miss():
+    rig = Rig(lookup_deadline_s=0.05)
+    offloader = rig.offloader
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e"], [4]))  # a goes down
+    offloader.drain()
+    rig.backend.gate.clear()  # the store stops answering
+    try:
+        assert offloader.lookup([b"a"]) is None and offloader.lookup([b"a"]) is None
+        offloader.drain()  # waits for the lookup no longer than its deadline
+        assert offloader.lookup([b"a"]) == 0
+    finally:
+        rig.backend.gate.set()
+    assert rig.settled_lookup([b"a"]) == 1  # asked anew, answered in time
 
 
 def test_an_unreachable_tier_makes_misses_and_stores_still_land(rig):
@@ -143,7 +161,7 @@ def test_an_unreachable_tier_makes_misses_and_stores_still_land(rig):
     rig.backend.unavailable = True
     assert offloader.wait(offloader.store([b"e", b"f"], [4, 5]))  # its demotion failed
     offloader.drain()
-    assert offloader.lookup([b"a"]) == 0
+    assert rig.settled_lookup([b"a"]) == 0
     assert rig.settled_lookup([b"e", b"f"]) == 2
     rig.load_and_check([b"e", b"f"], [4, 5])
     assert rig.tier.counters.dropped_stores == 2
@@ -155,7 +173,7 @@ def test_no_promotion_without_room_in_host_memory(rig):
     offloader.wait(offloader.store([b"e"], [4]))
     offloader.drain()
     pinned = rig.manager.prepare_load([b"b", b"c", b"d", b"e"])  # every host block being read
-    assert offloader.lookup([b"a"]) == 0 and rig.manager.stats().used == 4
+    assert rig.settled_lookup([b"a"]) == 0 and rig.manager.stats().used == 4
     assert len(pinned) == 4
 
 
