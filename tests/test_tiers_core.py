@@ -338,3 +338,15 @@ def test_latency_histograms_count_lookups_and_jobs():
     assert sum(counters.lookup_latency.buckets) == 1
     assert sum(counters.store_latency.buckets) == sum(counters.load_latency.buckets) == 1
     assert counters.lookup_latency.seconds > 0
+
+
+def test_a_backend_error_fails_the_job_instead_of_losing_it():
+    class Broken(DictBackend):
+        def read_into(self, keys, payloads, header_bytes):
+            raise OSError("disk on fire")
+
+    tier = tier_over(Broken())
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.submit_load(2, KEYS[:1], [1])
+    jobs = finished(tier)
+    assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)

@@ -241,12 +241,20 @@ class ChunkTier:
         self.counters.breaker_open = 0
         return result
 
+    def _ask_backend(self, call, failed_answer, *args):
+        """`call(*args)` through the breaker, or `failed_answer` when the store fails: a tier
+        never fails its caller."""
+        try:
+            return self._call(call, *args)
+        except BackendUnavailable:
+            pass  # counted by _call
+        except Exception:
+            logger.exception("numbakv tier: %s failed", call.__name__)
+        return failed_answer
+
     def _lookup(self, keys: list[bytes]) -> list[bool]:
         start = time.perf_counter()
-        try:
-            found = self._call(self.backend.exists, keys)
-        except BackendUnavailable:
-            found = [False] * len(keys)
+        found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
         with self._lock:
             found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
             self.counters.lookups += len(keys)
@@ -261,10 +269,9 @@ class ChunkTier:
             encode_header(self._namespace_digest, self.writer_id, p, key)
             for key, p in zip(keys, payloads)
         ]
-        try:
-            written = self._call(self.backend.write, keys, headers, payloads)
-        except BackendUnavailable:
-            written = [False] * len(keys)
+        written = self._ask_backend(
+            self.backend.write, [False] * len(keys), keys, headers, payloads
+        )
         stored = [key for key, ok in zip(keys, written) if ok]
         with self._lock:
             self._unloadable.difference_update(stored)
@@ -277,10 +284,9 @@ class ChunkTier:
     def _load(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
         start = time.perf_counter()
         payloads = [memoryview(self._pool[row]) for row in rows]
-        try:
-            values = self._call(self.backend.read_into, keys, payloads, HEADER_BYTES)
-        except BackendUnavailable:
-            values = [None] * len(keys)
+        values = self._ask_backend(
+            self.backend.read_into, [None] * len(keys), keys, payloads, HEADER_BYTES
+        )
         failed, corrupt, own, other = [], [], 0, 0
         for key, payload, value in zip(keys, payloads, values):
             if value is None:
@@ -300,11 +306,8 @@ class ChunkTier:
                 own += 1
             else:
                 other += 1
-        if corrupt:
-            try:
-                self._call(self.backend.delete, corrupt)
-            except BackendUnavailable:
-                pass  # still unloadable here; the next reader's check catches it again
+        if corrupt:  # if the delete fails, the next reader's check catches them again
+            self._ask_backend(self.backend.delete, None, corrupt)
         with self._lock:
             self._unloadable.update(failed)
             self.counters.integrity_failures += len(corrupt)
