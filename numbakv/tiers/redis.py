@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AskError, AuthenticationError, RedisError, ResponseError
 from redis.retry import Retry
 
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
@@ -179,39 +179,49 @@ class RedisBackend(ChunkBackend):
         self._client.close()
 
     def _pipelined(self, command, keys: Sequence[bytes]) -> list:
-        """`command(pipeline, full key, index in keys)` per key, pipelined: one round trip per server. A command's error is its
-        reply; so is a cluster node's unreachability for its keys (the other nodes' keys still
-        move); a store entirely unreachable is BackendUnavailable."""
+        """`command(pipeline, full key, index in keys)` per key, pipelined: one round trip per
+        server. A command's error is its reply; so is a cluster node's unreachability for its
+        keys (the other nodes' keys still move); a store entirely unreachable is
+        BackendUnavailable."""
         if not keys:
             return []
         if not self.settings.cluster:
             return self._pipeline_on(self._client, command, keys, range(len(keys)))
+        replies: list = [None] * len(keys)
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for index, key in enumerate(keys):
-            node = self._client.get_node_from_key(self._prefix + key)
+            try:
+                node = self._client.get_node_from_key(self._prefix + key)
+            except RedisError as error:  # its slot is served by no node now
+                replies[index] = BackendUnavailable(str(error))
+                continue
             nodes[node.name] = node
             by_node.setdefault(node.name, []).append(index)
-        replies: list = [None] * len(keys)
-        down = 0
+        answered = 0
         for name, indexes in by_node.items():
             server = self._client.get_redis_connection(nodes[name])
             try:
                 node_replies = self._pipeline_on(server, command, keys, indexes)
+                answered += 1
             except BackendUnavailable as error:
-                down += 1
                 node_replies = [error] * len(indexes)
             for index, reply in zip(indexes, node_replies):
                 replies[index] = reply
-        if down == len(by_node):
+        if not answered:
             raise BackendUnavailable(
-                f"{redacted(self.settings.url)}: every node of the batch is unreachable"
+                f"{redacted(self.settings.url)}: no node of the batch answered"
             )
-        if down or any(
-            isinstance(reply, ResponseError) and "MOVED" in str(reply) for reply in replies
-        ):
-            self._client.nodes_manager.initialize()  # slots moved or a node failed over
+        if answered < len(by_node) or any(_moved(reply) for reply in replies):
+            self._refresh_slots()
         return replies
+
+    def _refresh_slots(self) -> None:
+        """Ask the cluster again which node serves which slots (a node failed, slots moved)."""
+        try:
+            self._client.nodes_manager.initialize()
+        except (RedisError, OSError) as error:
+            logger.debug("numbakv Redis tier: cluster slots not refreshed: %s", error)
 
     def _pipeline_on(
         self,
@@ -303,6 +313,11 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
     except (RedisError, OSError):
         pass  # unreachable now: the tier serves from host memory until it answers
     return client
+
+
+def _moved(reply: object) -> bool:
+    """A cluster node's answer that another node serves the key (MOVED, or ASK while migrating)."""
+    return isinstance(reply, AskError)
 
 
 def _positive(value: object) -> bool:
