@@ -15,6 +15,7 @@ from redis.exceptions import AuthenticationError
 from numbakv.tiers import ChunkTier
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.redis import RedisBackend, RedisSettings, redacted
+from tests.redis_servers import RedisServer as RedisServerAt
 from tests.redis_servers import needs_redis, redis_cluster, redis_server
 from tests.test_tiers_core import namespace
 
@@ -246,3 +247,20 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
 def test_bad_settings_are_named(settings, named):
     with pytest.raises((ValueError, TypeError), match=named):
         RedisSettings.from_mapping(settings)
+
+
+def test_a_cluster_that_does_not_answer_at_start_stops_the_engine_saying_so():
+    with pytest.raises(RuntimeError, match="did not answer at start"):
+        tier("redis://127.0.0.1:1/0", pool(2, 15), cluster=True)
+
+
+def test_a_standalone_server_down_at_start_is_served_around(tmp_path):
+    server = RedisServerAt(str(tmp_path))
+    chunk_tier = tier(server.url, pool(2, 16), breaker_cooldown_s=0.1)
+    assert chunk_tier.contains(KEYS[:1]) == [False] and chunk_tier.breaker_open
+    server.start()
+    try:
+        time.sleep(0.15)
+        assert run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:1], [0]).success
+    finally:
+        server.kill()

@@ -28,7 +28,13 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, AuthenticationError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.retry import Retry
 
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
@@ -37,6 +43,8 @@ logger = logging.getLogger("numbakv.tiers")
 
 SCHEMES = ("redis", "rediss")
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
+# What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
+_UNREACHABLE = (RedisError, RedisClusterException, OSError)
 # Policies under which a full server refuses writes to keys without a TTL.
 _REFUSING_POLICIES = (
     "noeviction",
@@ -193,7 +201,7 @@ class RedisBackend(ChunkBackend):
         for index, key in enumerate(keys):
             try:
                 node = self._client.get_node_from_key(self._prefix + key)
-            except RedisError as error:  # its slot is served by no node now
+            except _UNREACHABLE as error:  # its slot is served by no node now
                 replies[index] = BackendUnavailable(str(error))
                 continue
             nodes[node.name] = node
@@ -220,7 +228,7 @@ class RedisBackend(ChunkBackend):
         """Ask the cluster again which node serves which slots (a node failed, slots moved)."""
         try:
             self._client.nodes_manager.initialize()
-        except (RedisError, OSError) as error:
+        except _UNREACHABLE as error:
             logger.debug("numbakv Redis tier: cluster slots not refreshed: %s", error)
 
     def _pipeline_on(
@@ -235,7 +243,7 @@ class RedisBackend(ChunkBackend):
             for index in indexes:
                 command(pipe, self._prefix + keys[index], index)
             return pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as error:
+        except _UNREACHABLE as error:
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
 
     def _check_capacity_policy(self) -> None:
@@ -281,8 +289,8 @@ class RedisBackend(ChunkBackend):
 
 
 def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
-    """A client over a bounded pool, no retries (the tier's breaker handles a down store); raises
-    AuthenticationError (stops the engine) when the password is refused."""
+    """A client over a bounded pool, no retries (the tier's breaker handles a down store). Stops
+    the engine when the password is refused, or when no node of a cluster answers."""
     options: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
@@ -291,9 +299,15 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
     if urlsplit(settings.url).password is None and os.environ.get(settings.password_env):
         options["password"] = os.environ[settings.password_env]
     if settings.cluster:
-        client = RedisCluster.from_url(
-            settings.url, max_connections=settings.max_connections, **options
-        )
+        try:  # the client learns the cluster's slots now: it needs a node to answer
+            client = RedisCluster.from_url(
+                settings.url, max_connections=settings.max_connections, **options
+            )
+        except _UNREACHABLE as error:
+            raise RuntimeError(
+                f"Redis Cluster at {redacted(settings.url)} did not answer at start, so its "
+                f"slots are unknown: {error}"
+            ) from None
     else:
         pool = redis.BlockingConnectionPool.from_url(
             settings.url,
