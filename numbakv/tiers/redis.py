@@ -264,7 +264,7 @@ class RedisBackend(ChunkBackend):
                     error,
                 )
                 continue
-            except (RedisError, OSError) as error:
+            except _UNREACHABLE as error:
                 logger.warning(
                     "numbakv Redis tier: %s unreachable at start (%s): serving from host memory "
                     "until it answers; its eviction policy is not checked",
@@ -324,7 +324,7 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
             f"Redis at {redacted(settings.url)} refused the password (from the url or "
             f"{settings.password_env}): {error}"
         ) from None
-    except (RedisError, OSError):
+    except _UNREACHABLE:
         pass  # unreachable now: the tier serves from host memory until it answers
     return client
 
