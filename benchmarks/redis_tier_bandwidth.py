@@ -5,8 +5,8 @@
 
 Rows: for each chunk size, the bytes per second numbakv's tier (`ChunkTier` over `RedisBackend`:
 header, checksum, checks, its own threads) writes and reads, beside the same payloads moved by
-redis-py's pipelined SET/GET alone, in the same run over the same connections (target: numbakv
->= 80 % of redis-py's rate); and the wall time of `ChunkTier.contains` for a 64-chunk prefix (what
+redis-py's pipelined SET/GET alone, in the same run over the same connections, on the same kind of
+thread (target: numbakv >= 80 % of redis-py's rate); and the wall time of `ChunkTier.contains` for a 64-chunk prefix (what
 its caller waits at most), with the server up, paused and down (target: p99 <= 1 ms up, <= the
 lookup deadline paused or down). Without `--url` it starts its own redis-server on a free loopback
 port (Debian package redis-server). `redis_rows` is a row source: one backend's rows, as a list of
@@ -163,10 +163,16 @@ def bandwidth_row(url: str, chunk_bytes: int, repeats: int) -> dict:
             pipe.get(key)
         assert all(value is not None for value in pipe.execute())
 
+    def on_io_thread(action: Callable[[], None]) -> Callable[[], None]:
+        # Where the tier's jobs run: threads differ in more than their name (glibc gives each
+        # its own malloc arena, which decides whether a freed 1 MiB value's pages are reused).
+        return lambda: tier._io_threads.submit(action).result()
+
     jobs = tier_jobs(tier, keys)
+    raw = {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
     jobs["write"]()  # the keys exist before anything is timed, for both
-    raw_set()
-    seconds = best_seconds({**jobs, "raw_write": raw_set, "raw_read": raw_get}, repeats)
+    raw["raw_write"]()
+    seconds = best_seconds({**jobs, **raw}, repeats)
     client.delete(*raw_keys)
     tier.close()
     rate = {name: chunks * chunk_bytes / s / 1e9 for name, s in seconds.items()}
