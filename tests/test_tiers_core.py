@@ -350,3 +350,13 @@ def test_a_backend_error_fails_the_job_instead_of_losing_it():
     tier.submit_load(2, KEYS[:1], [1])
     jobs = finished(tier)
     assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)
+
+
+def test_close_lets_the_host_memory_owner_release_its_buffer():
+    memory = memoryview(bytearray(8 * CHUNK_BYTES))
+    pool = np.frombuffer(memory, dtype=np.uint8).reshape(8, CHUNK_BYTES)
+    tier = tier_over(DictBackend(), pool)
+    del pool
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.close()
+    memory.release()  # BufferError while the tier still held a view of it
