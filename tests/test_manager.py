@@ -188,6 +188,26 @@ def test_failed_store_frees_slots_and_announces_nothing(manager):
     assert len(output.store_spec) == 2
 
 
+def test_remove_forgets_idle_ready_blocks_and_frees_their_slots(manager):
+    stored(manager, [1, 2, 3])
+    manager.prepare_load([2])
+    manager.prepare_store([4])
+    list(manager.take_events())
+    # 2 is being read, 4 being stored, 99 unknown: all left as they are.
+    assert manager.remove([1, 2, 4, 99, 1]) == [1]
+    assert [(e.block_hashes, e.removed) for e in manager.take_events()] == [([1], True)]
+    assert manager.lookup([1]) == 0 and manager.lookup([2, 3]) == 2
+    assert manager.is_being_stored(4)
+    stats = manager.stats()
+    assert (stats.used, stats.free, stats.being_read, stats.evicted_blocks) == (3, 1, 1, 0)
+    manager.complete_load([2])
+    assert manager.remove([2]) == [2]
+    # The freed slots are handed out again and the policy evicts only what is left.
+    manager.complete_store([4])
+    assert stored(manager, [5, 6]).block_hashes_evicted == []
+    assert stored(manager, [7]).block_hashes_evicted != []
+
+
 def test_complete_store_ignores_unknown_and_ready_hashes(manager):
     stored(manager, [1])
     manager.complete_store([1, 42])
@@ -195,7 +215,7 @@ def test_complete_store_ignores_unknown_and_ready_hashes(manager):
 
 
 @pytest.mark.parametrize(
-    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store"]
+    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store", "remove"]
 )
 @pytest.mark.parametrize("bad", [b"\x01\x02", "ab", 7])
 def test_a_lone_hash_instead_of_a_list_is_refused(manager, method, bad):
@@ -230,17 +250,43 @@ def test_reset_cache_makes_the_manager_as_new(manager):
     assert manager.policy_stats() == fresh.policy_stats()
 
 
-def test_store_threshold_admits_on_the_nth_sighting():
+def test_store_threshold_admits_on_the_nth_offer():
+    """vLLM 0.32's rule: prepare_store counts offers, lookups count nothing, and a failed store
+    is counted too (the connector offers it again)."""
     manager = CPUOffloadingManager(16, 8, store_threshold=2, max_tracker_size=3)
-    assert manager.lookup([1, 2, 3]) == 0  # examines 1 only (the first miss)
+    assert manager.lookup([1, 2, 3]) == 0
     assert manager.prepare_store([1, 2, 3]).block_hashes_to_store == []
     assert manager.stats().stores_skipped == 3
-    manager.lookup([1])
-    assert manager.prepare_store([1, 2]).block_hashes_to_store == [1]
-    for h in (10, 11, 12):  # the tracker holds 3 hashes: 1 and 2 are forgotten
-        manager.lookup([h])
-    manager.lookup([2])
+    plan = manager.prepare_store([1, 2])
+    assert plan.block_hashes_to_store == [1, 2]  # the whole run at once, not up to a miss
+    manager.complete_store([1, 2])
+    # 3 counts again and is spared; 10 and 11 take the places of 1 and 2, offered before 3
+    assert manager.prepare_store([3, 10, 11]).block_hashes_to_store == [3]
+    assert manager.prepare_store([1, 12]).block_hashes_to_store == []  # 1 is cached, 12 new
+    assert manager.stats().stores_skipped == 3 + 2 + 1
+
+
+def test_store_threshold_counts_a_refused_offer():
+    manager = CPUOffloadingManager(16, 1, store_threshold=2)
+    manager.prepare_store([1])
+    manager.complete_store(manager.prepare_store([1]).block_hashes_to_store)
+    manager.prepare_load([1])  # pinned: nothing can be evicted
     assert manager.prepare_store([2]).block_hashes_to_store == []
+    assert manager.prepare_store([2]) is None  # admitted, but no room
+    manager.complete_load([1])
+    assert manager.prepare_store([2]).block_hashes_to_store == [2]
+
+
+def test_slots_are_handed_out_as_vllm_does():
+    """Never-used slots first, in ascending order, then freed ones, the last freed first."""
+    manager = CPUOffloadingManager(16, 4)
+    for hashes in ([1, 2], [3]):
+        manager.complete_store(manager.prepare_store(hashes).block_hashes_to_store)
+    manager.touch([1])
+    plan = manager.prepare_store([2, 5, 6, 7])
+    assert plan.block_hashes_evicted == [3, 1]  # 2 is named; 3 and 1 free slots 2 and 0
+    assert plan.block_hashes_to_store == [5, 6, 7]
+    assert plan.store_spec.block_ids.tolist() == [3, 0, 2]
 
 
 def test_stats_counts_lookups_hits_and_misses(manager):

@@ -289,6 +289,34 @@ def test_bad_tier_settings_are_refused(pool, options, named):
         tier_over(DictBackend(), pool, **options)
 
 
+def test_a_backend_error_fails_the_job_instead_of_losing_it():
+    class Broken(DictBackend):
+        def read_into(self, keys, payloads, header_bytes):
+            raise OSError("disk on fire")
+
+    tier = tier_over(Broken())
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.submit_load(2, KEYS[:1], [1])
+    jobs = finished(tier)
+    assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)
+
+
+def test_touch_reaches_the_backend_checked_and_a_backend_may_ignore_it():
+    touched = []
+
+    class RecencyBackend(DictBackend):
+        def touch(self, keys):
+            touched.append(list(keys))
+
+    tier_over(DictBackend()).touch(KEYS)  # the default: nothing to do
+    tier = tier_over(RecencyBackend())
+    tier.touch(KEYS[:2])
+    assert touched == [KEYS[:2]]
+    with pytest.raises(ValueError, match="keys"):
+        tier.touch(["k"])
+    assert touched == [KEYS[:2]]
+
+
 class CountingBackend(DictBackend):
     """A DictBackend that counts the calls that reach it."""
 
@@ -338,18 +366,6 @@ def test_latency_histograms_count_lookups_and_jobs():
     assert sum(counters.lookup_latency.buckets) == 1
     assert sum(counters.store_latency.buckets) == sum(counters.load_latency.buckets) == 1
     assert counters.lookup_latency.seconds > 0
-
-
-def test_a_backend_error_fails_the_job_instead_of_losing_it():
-    class Broken(DictBackend):
-        def read_into(self, keys, payloads, header_bytes):
-            raise OSError("disk on fire")
-
-    tier = tier_over(Broken())
-    tier.submit_store(1, KEYS[:1], [0])
-    tier.submit_load(2, KEYS[:1], [1])
-    jobs = finished(tier)
-    assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)
 
 
 def test_close_lets_the_host_memory_owner_release_its_buffer():

@@ -159,6 +159,11 @@ class ChunkTier:
                 self.counters.late_lookups += 1
             return [False] * len(keys)
 
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark the keys as used now, the first as the most recent, on the caller's thread: the
+        backend keeps recency in memory (its policy's), or ignores it."""
+        self.backend.touch(_checked_keys(keys))
+
     def submit_store(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
         """Store the chunks in host-pool `rows` under `keys`; the rows must not change until done."""
         keys, rows = self._checked_job(keys, rows)
@@ -243,17 +248,6 @@ class ChunkTier:
         self.counters.breaker_open = 0
         return result
 
-    def _ask_backend(self, call, failed_answer, *args):
-        """`call(*args)` through the breaker, or `failed_answer` when the store fails: a tier
-        never fails its caller."""
-        try:
-            return self._call(call, *args)
-        except BackendUnavailable:
-            pass  # counted by _call
-        except Exception:
-            logger.exception("numbakv tier: %s failed", call.__name__)
-        return failed_answer
-
     def _lookup(self, keys: list[bytes]) -> list[bool]:
         start = time.perf_counter()
         found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
@@ -263,6 +257,17 @@ class ChunkTier:
             self.counters.lookup_hits += sum(found)
             self.counters.lookup_latency.observe(time.perf_counter() - start)
         return found
+
+    def _ask_backend(self, method, failed_answer, *args):
+        """`method(*args)` through the breaker, or `failed_answer` when the store fails: a tier
+        never fails its caller."""
+        try:
+            return self._call(method, *args)
+        except BackendUnavailable:
+            pass  # counted by _call
+        except Exception:
+            logger.exception("numbakv tier: %s failed", method.__name__)
+        return failed_answer
 
     def _store(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
         start = time.perf_counter()

@@ -6,7 +6,8 @@
 
 numbakv's tiers below host memory are vLLM secondary tiers of its own `TieringOffloadingSpec`, by
 the same module path: `{"type": "NumbaKVRedisTier", "module_path": "numbakv.integrations.vllm",
-"url": "redis://host:6379/0"}` in `secondary_tiers` (docs/TIERS.md).
+"url": "redis://host:6379/0"}` or `{"type": "NumbaKVDiskTier", ..., "root_dir": "/mnt/nvme/kv",
+"bytes_to_use": 1099511627776}` in `secondary_tiers` (docs/TIERS.md).
 
 The spec and the tiers are imported on first access, so the worker's transfer core (`.transfers`, which needs
 neither vLLM nor its scheduler) stays importable where vLLM is not installed. See docs/VLLM.md.
@@ -21,8 +22,9 @@ from typing import Any
 _MODULES = {
     "NumbaKVOffloadingSpec": "spec",
     "NumbaKVRedisTier": "redis_tier",
+    "NumbaKVDiskTier": "disk_tier",
 }
-__all__ = ["NumbaKVOffloadingSpec", "NumbaKVRedisTier"]
+__all__ = ["NumbaKVDiskTier", "NumbaKVOffloadingSpec", "NumbaKVRedisTier"]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,5 +25,13 @@ class NumbaKVRedisTier(ChunkTierManager):
     default_locality: ClassVar[Locality] = Locality.REMOTE
 
     @classmethod
-    def open_backend(cls, settings: Mapping[str, Any], namespace: Namespace) -> ChunkBackend:
+    def open_backend(
+        cls,
+        settings: Mapping[str, Any],
+        namespace: Namespace,
+        *,
+        chunk_bytes: int,
+        removal_events: bool,
+    ) -> ChunkBackend:
+        """Redis evicts by its own maxmemory policy, unseen: neither argument changes it."""
         return RedisBackend(RedisSettings.from_mapping(settings), namespace.digest)

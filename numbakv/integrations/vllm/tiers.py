@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -123,7 +123,10 @@ class ChunkTierManager(SecondaryTierManager):
         self.namespace = namespace_of(offloading_spec)
         rows, row_bytes = len(primary_kv_view), primary_kv_view.strides[0]
         host_pool = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(rows, row_bytes)
-        backend = self.open_backend(backend_settings, self.namespace)
+        emit = enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
+        backend = self.open_backend(
+            backend_settings, self.namespace, chunk_bytes=row_bytes, removal_events=emit
+        )
         try:
             self.tier = ChunkTier(
                 backend,
@@ -138,15 +141,25 @@ class ChunkTierManager(SecondaryTierManager):
             raise
         self._lookups = _Lookups(self.tier, tier_type)
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
-        emit = enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
         self._events: list[OffloadingEvent] | None = [] if emit else None
         self._reported = TierCounters()  # what get_stats has reported so far
         self._metrics = self._numbakv_metrics(offloading_spec)
 
     @classmethod
     @abstractmethod
-    def open_backend(cls, settings: Mapping[str, Any], namespace: Namespace) -> ChunkBackend:
-        """The backend from the tier's own settings; a bad or unknown key raises, naming it."""
+    def open_backend(
+        cls,
+        settings: Mapping[str, Any],
+        namespace: Namespace,
+        *,
+        chunk_bytes: int,
+        removal_events: bool,
+    ) -> ChunkBackend:
+        """The backend from the tier's own settings; a bad or unknown key raises, naming it.
+
+        `chunk_bytes` is one primary-tier row; `removal_events` says whether vLLM's KV events are
+        on, for a backend that removes chunks itself (the disk tier evicts) to report them.
+        """
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -194,6 +207,9 @@ class ChunkTierManager(SecondaryTierManager):
                 )
             )
         return results
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.tier.touch(list(keys))
 
     def has_pending_work(self) -> bool:
         return bool(self._job_keys)
