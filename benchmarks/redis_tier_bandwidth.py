@@ -5,11 +5,13 @@
 
 Rows: for each chunk size, the bytes per second numbakv's tier (`ChunkTier` over `RedisBackend`:
 header, checksum, checks, its own threads) writes and reads, beside the same payloads moved by
-redis-py's pipelined SET/GET alone, in the same run over the same connections (target: numbakv
->= 80 % of redis-py's rate); and the wall time of `ChunkTier.contains` for a 64-chunk prefix (what
+redis-py's pipelined SET/GET alone, in the same run over the same connections, on the same kind of
+thread (target: numbakv >= 80 % of redis-py's rate); and the wall time of `ChunkTier.contains` for a 64-chunk prefix (what
 its caller waits at most), with the server up, paused and down (target: p99 <= 1 ms up, <= the
-lookup deadline paused or down). Without `--url` it starts its own redis-server on a free loopback
-port (Debian package redis-server). `redis_rows` is a row source: one backend's rows, as a list of
+lookup deadline paused or down). With vLLM installed, also what vLLM's scheduler thread spends in
+`NumbaKVRedisTier` per step for that prefix: 64 `lookup` calls and `on_schedule_end`, the step
+that sends the batched lookup and the step that finds its answers. Without `--url` it starts its
+own redis-server on a free loopback port (Debian package redis-server). `redis_rows` is a row source: one backend's rows, as a list of
 dicts, for a script that compares tiers.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -99,11 +102,15 @@ def waits_ms(lookup: Callable[[], object]) -> dict[str, float]:
         started = time.perf_counter()
         lookup()
         waits.append(time.perf_counter() - started)
-    waits.sort()
+    return percentiles_ms(waits)
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
     return {
-        "p50_ms": 1e3 * statistics.median(waits),
-        "p99_ms": 1e3 * waits[int(0.99 * len(waits)) - 1],
-        "max_ms": 1e3 * waits[-1],
+        "p50_ms": 1e3 * statistics.median(ordered),
+        "p99_ms": 1e3 * ordered[max(0, int(0.99 * len(ordered)) - 1)],
+        "max_ms": 1e3 * ordered[-1],
     }
 
 
@@ -135,7 +142,10 @@ def redis_rows(args: argparse.Namespace) -> list[dict]:
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(local_redis())
         rows = [bandwidth_row(url, size, args.repeats) for size in args.chunk_sizes]
-        return rows + lookup_rows(url)
+        rows += lookup_rows(url)
+        if importlib.util.find_spec("vllm") is not None:
+            rows += scheduler_rows(url)
+        return rows
 
 
 def bandwidth_row(url: str, chunk_bytes: int, repeats: int) -> dict:
@@ -163,10 +173,16 @@ def bandwidth_row(url: str, chunk_bytes: int, repeats: int) -> dict:
             pipe.get(key)
         assert all(value is not None for value in pipe.execute())
 
+    def on_io_thread(action: Callable[[], None]) -> Callable[[], None]:
+        # Where the tier's jobs run: threads differ in more than their name (glibc gives each
+        # its own malloc arena, which decides whether a freed 1 MiB value's pages are reused).
+        return lambda: tier._io_threads.submit(action).result()
+
     jobs = tier_jobs(tier, keys)
+    raw = {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
     jobs["write"]()  # the keys exist before anything is timed, for both
-    raw_set()
-    seconds = best_seconds({**jobs, "raw_write": raw_set, "raw_read": raw_get}, repeats)
+    raw["raw_write"]()
+    seconds = best_seconds({**jobs, **raw}, repeats)
     client.delete(*raw_keys)
     tier.close()
     rate = {name: chunks * chunk_bytes / s / 1e9 for name, s in seconds.items()}
@@ -223,6 +239,43 @@ def lookup_rows(url: str) -> list[dict]:
     return rows
 
 
+def scheduler_rows(url: str) -> list[dict]:
+    """vLLM's scheduler thread in `NumbaKVRedisTier` for a 64-chunk prefix, per step, ms."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
+
+    from tests.tier_engine import engine, keys_of, store
+
+    config = {"type": "NumbaKVRedisTier", "module_path": "numbakv.integrations.vllm", "url": url}
+    spec = engine("benchmark-scheduler", config)
+    keys = keys_of("prefix", PREFIX_CHUNKS)
+    store(spec, "writer", keys)
+    (tier,) = spec.get_manager().secondary_tiers
+    step = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+    first, answered, late = [], [], 0
+    for trial in range(LOOKUPS // 10):
+        context = ReqContext(req_id=f"r{trial}")
+        started = time.perf_counter()
+        results = [tier.lookup(key, context) for key in keys]
+        tier.on_schedule_end(step)
+        first.append(time.perf_counter() - started)
+        assert set(results) == {LookupResult.RETRY}, set(results)
+        while results[-1] is LookupResult.RETRY:
+            time.sleep(0.001)  # the model runs meanwhile
+            started = time.perf_counter()
+            results = [tier.lookup(key, context) for key in keys]
+            tier.on_schedule_end(step)
+            answered.append(time.perf_counter() - started)
+        late += results[-1] is LookupResult.MISS  # the batch missed the deadline
+        tier.on_request_finished(context)
+    spec.get_manager().shutdown()
+    rows = [
+        {"source": "vllm scheduler", "lookup": name, **percentiles_ms(times), "deadline_ms": 5.0}
+        for name, times in (("asking", first), ("answered", answered))
+    ]
+    rows[-1]["late_share"] = late / (LOOKUPS // 10)
+    return rows
+
+
 def print_tables(rows: list[dict]) -> None:
     print(
         f"{'source':8} {'chunk':>8} {'write GB/s':>11} {'raw':>7} {'share':>6} "
@@ -242,6 +295,9 @@ def print_tables(rows: list[dict]) -> None:
                 f"{row['source']:15} {row['lookup']:8} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
                 f"{row['max_ms']:>8.3f} {row['deadline_ms']:>9.1f}"
             )
+    for row in rows:
+        if "late_share" in row:
+            print(f"vLLM lookups answered as misses at the deadline: {row['late_share']:.1%}")
 
 
 def main() -> None:

@@ -141,3 +141,19 @@ def test_a_bad_or_unknown_setting_stops_the_engine_naming_it(server, settings, n
         named = "url"
     with pytest.raises((ValueError, TypeError), match=named):
         engine("bad-engine", config).get_manager()
+
+
+def test_stored_chunks_are_kv_events_and_promotions_are_not(server):
+    from vllm.v1.kv_offload.base import Medium
+
+    config = redis_tier(server.url, lookup_deadline_s=0.5, enable_kv_events=True)
+    writer = engine("events-writer", config, kv_events=True)
+    keys = keys_of("ev", 3)
+    store(writer, "w", keys)
+    mine = [e for e in writer.get_manager().take_events() if e.medium is Medium.STORAGE]
+    assert [(sorted(e.keys), e.removed) for e in mine] == [(sorted(keys), False)]
+    reader = engine("events-reader", config, kv_events=True)
+    assert set(lookup_until_resolved(reader, "r", keys).values()) == {LookupResult.HIT}
+    assert not [e for e in reader.get_manager().take_events() if e.medium is Medium.STORAGE]
+    writer.get_manager().shutdown()
+    reader.get_manager().shutdown()

@@ -199,11 +199,13 @@ class ChunkTier:
                 future.exception()  # waits; jobs report their own failures
 
     def close(self) -> None:
-        """Finish every submitted job, then release the threads and the backend."""
+        """Finish every submitted job, then release the threads, the backend and the host pool
+        (a view of the host tier's memory, which its owner can then unmap)."""
         self.drain()
         self._lookup_thread.shutdown()
         self._io_threads.shutdown()
         self.backend.close()
+        self._pool = None
 
     def _checked_job(
         self, keys: Sequence[bytes], rows: Sequence[int]

@@ -190,7 +190,7 @@ class ChunkTierManager(SecondaryTierManager):
             moved = tuple(key for key in keys if key not in failed)
             if job.direction is Direction.LOAD and failed:
                 self._lookups.mark_miss(failed)
-            elif self._events is not None and moved:
+            elif job.direction is Direction.STORE and self._events is not None and moved:
                 self._events.append(
                     OffloadingEvent(
                         keys=list(moved), medium=self.medium, removed=False, locality=self.locality
