@@ -24,25 +24,10 @@ from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.disk import ALIGNMENT, DiskBackend
 from numbakv.tools.workloads import multi_turn_chat
+from tests.test_tiers_core import namespace
 
 CHUNK_BYTES = 8192
 FILE_BYTES = ALIGNMENT + CHUNK_BYTES
-
-
-def namespace(**changes) -> Namespace:
-    fields = {
-        "model": "m",
-        "revision": "r",
-        "dtype": "float16",
-        "tokens_per_block": 16,
-        "blocks_per_chunk": 1,
-        "num_layers": 2,
-        "num_kv_heads": 4,
-        "head_size": 64,
-        "page_bytes": 2048,
-        "layout": "layer_major",
-    }
-    return Namespace(**{**fields, **changes})
 
 
 def bytes_for(files: int, chunk_bytes: int) -> int:

@@ -5,15 +5,11 @@ with vLLM's touches, and reports evictions as KV events."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.servers import ROOT
 from tests.vllm_support import offloading_config, require_vllm
 
 require_vllm()
@@ -31,6 +27,7 @@ from tests.tier_engine import (
     loaded_bytes,
     lookup_until_resolved,
     store,
+    store_in_another_process,
 )
 
 FILE_BYTES = ALIGNMENT + CHUNK_BYTES
@@ -50,17 +47,7 @@ def disk_tier(root, files: int = 64, **settings) -> dict:
 def test_two_engines_in_two_processes_share_a_directory_byte_exact(tmp_path):
     config = disk_tier(tmp_path)
     shared, own = keys_of("shared", 12), keys_of("own", 4)
-    writer = subprocess.run(
-        [sys.executable, "-m", "tests.tier_engine", "--engine-id", "writer-engine"]
-        + ["--tier", json.dumps(config), "--prefix", "shared", "--chunks", "12"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
-    assert json.loads(writer.stdout.splitlines()[-1]) == {"stored": 12}
+    assert store_in_another_process(config, "shared", 12) == 12
 
     reader = engine("reader-engine", config)
     manager = reader.get_manager()

@@ -3,17 +3,12 @@ engines in two processes share chunks through one real redis-server, byte for by
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from tests.redis_servers import needs_redis, redis_server
-from tests.servers import ROOT
 from tests.vllm_support import require_vllm
 
 require_vllm()
@@ -29,6 +24,7 @@ from tests.tier_engine import (
     loaded_bytes,
     lookup_until_resolved,
     store,
+    store_in_another_process,
 )
 
 pytestmark = needs_redis
@@ -56,17 +52,10 @@ def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog, 
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     shared, own = keys_of("shared", 12), keys_of("own", 4)
-    writer = subprocess.run(
-        [sys.executable, "-m", "tests.tier_engine", "--engine-id", "writer-engine"]
-        + ["--tier", json.dumps(config), "--prefix", "shared", "--chunks", "12"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, "PYTHONPATH": ROOT, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+    assert (
+        store_in_another_process(config, "shared", 12, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+        == 12
     )
-    assert json.loads(writer.stdout.splitlines()[-1]) == {"stored": 12}
     written = {
         (sample.name, sample.labels.get("tier"))
         for metric in MetricsDirectory(str(metrics_dir)).read().metrics

@@ -8,12 +8,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from tests.servers import ROOT
 from tests.vllm_support import offloading_config
 
 CHUNK_BYTES = 4096
@@ -28,6 +32,22 @@ def engine(
     config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
     config = dataclasses.replace(config, engine_id=engine_id, enable_kv_cache_events=kv_events)
     return TieringOffloadingSpec(config)
+
+
+def store_in_another_process(tier_config: dict, prefix: str, chunks: int, **env: str) -> int:
+    """Run an engine ("writer-engine") in a child process that stores `chunks` chunks named by
+    `prefix` through the tier; how many it stored."""
+    writer = subprocess.run(
+        [sys.executable, "-m", "tests.tier_engine", "--engine-id", "writer-engine"]
+        + ["--tier", json.dumps(tier_config), "--prefix", prefix, "--chunks", str(chunks)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "PYTHONPATH": ROOT, **env},
+    )
+    return json.loads(writer.stdout.splitlines()[-1])["stored"]
 
 
 def chunk_bytes(key: bytes) -> np.ndarray:
