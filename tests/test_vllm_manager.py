@@ -23,6 +23,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from numbakv import POLICIES, CPUOffloadingManager
+from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
 from numbakv.tools.replay import replay
@@ -128,6 +129,43 @@ def test_events_are_vllm_offloading_events():
         (keys(2), Medium.CPU, False),
     ]
     assert list(manager.take_events()) == []
+
+
+def _event_log(manager) -> list[tuple]:
+    """Each key's announcements, whichever events carried them: (key, removed, metadata only)."""
+    return sorted(
+        (key, event.removed, getattr(event, "metadata_only", False))
+        for event in manager.take_events()
+        for key in event.keys
+    )
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_failed_store_is_announced_as_the_running_vllms_cpu_tier_announces_it(retry):
+    """vLLM 0.33 announces the keys of a failed store as a `metadata_only` removal, less those a
+    retry owns again by the time events are taken; vLLM 0.32 announces nothing."""
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager
+
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+    from tests.vllm_support import offloading_config
+
+    ours = NumbaKVOffloadingSpec(
+        offloading_config({"cpu_bytes_to_use": 4 * 4096}, events=True)
+    ).get_manager()
+    theirs = VLLMManager(num_chunks=4, enable_events=True)
+    for manager in (ours, theirs):
+        context = ReqContext(req_id="a")
+        manager.prepare_store(keys(1, 2, 3), context)
+        manager.complete_store(keys(1, 2), context)
+        manager.complete_store(keys(3), context, success=False)
+        first = manager.prepare_store(keys(4, 5), context)
+        manager.complete_store(first.keys_to_store, context, success=False)
+        if retry:
+            manager.prepare_store(keys(5), context)
+    announced = _event_log(theirs)
+    assert _event_log(ours) == announced
+    assert (key(3), True, True) in announced or not FAILED_STORE_EVENTS
+    assert _event_log(ours) == []  # announced once
 
 
 def test_recency_without_touch_a_loaded_prefix_outlives_older_chunks():
@@ -272,6 +310,29 @@ def test_stores_skipped_by_the_threshold_are_counted_as_vllm_counts_them():
     manager.prepare_store(keys(1), context)
     assert _reduced(manager)[M.STORES_SKIPPED] == 1
     assert _reduced(manager)[M.STORES_SKIPPED] == 0  # each skip reported once
+
+
+def test_the_spec_reports_its_sizes_on_vllms_config_info_metric_as_vllms_cpu_tier():
+    """vLLM 0.33's `vllm:kv_offload_config_info`: the same labels and values as vLLM's CPU tier
+    of the same size (vLLM 0.32 has no such metric)."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+    from numbakv.integrations.vllm.compat import CPUOffloadingInfo
+    from tests.vllm_support import offloading_config
+
+    extra = {"cpu_bytes_to_use": 10 * 16_384 + 16_383, "blocks_per_chunk": 2}
+    if CPUOffloadingInfo is None:
+        assert NumbaKVOffloadingSpec.config_info_keys(extra) == ()
+        return
+    ours, theirs = (
+        spec_class(offloading_config(dict(extra), worker_kv_bytes_per_block=4096, world_size=2))
+        for spec_class in (NumbaKVOffloadingSpec, CPUOffloadingSpec)
+    )
+    assert type(ours).config_info_keys(extra) == type(theirs).config_info_keys(extra)
+    info = ours.get_manager().config_info()
+    assert info == theirs.get_manager().config_info()
+    assert (info[0]["cpu_num_chunks"], info[0]["cpu_kv_cache_size_bytes"]) == (10, 10 * 16_384)
 
 
 def test_the_spec_defines_vllms_cpu_tier_metrics():

@@ -10,8 +10,9 @@ imports the data path: it runs in vLLM's scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -45,9 +46,21 @@ class _LoadedChunks:
 class NumbaKVOffloadingManager(OffloadingManager):
     """Answers vLLM's connector with numbakv's manager: lookups, ref-counted loads, atomic stores."""
 
-    def __init__(self, manager: CPUOffloadingManager, metrics: OffloadMetrics | None = None):
+    def __init__(
+        self,
+        manager: CPUOffloadingManager,
+        metrics: OffloadMetrics | None = None,
+        *,
+        config_info: Mapping[str, Any] | None = None,
+        failed_store_events: bool = False,
+    ):
+        """`config_info`: the labels of vLLM 0.33's `vllm:kv_offload_config_info`;
+        `failed_store_events`: announce failed stores as `metadata_only` removals (vLLM 0.33)."""
         self.manager = manager
         self.metrics = metrics
+        self._config_info = dict(config_info or {})
+        # Keys of failed stores not announced yet; None when they are never announced.
+        self._failed_keys: dict[OffloadKey, None] | None = {} if failed_store_events else None
         self._lookup = manager.lookup
         self._generation = 0  # bumped by reset_cache: loads recorded before it are forgotten
         self._allocation_sizes: list[int] = []  # chunks each store allocated, since get_stats
@@ -86,6 +99,9 @@ class NumbaKVOffloadingManager(OffloadingManager):
         plan = self.manager.prepare_store(keys)
         if plan is None:
             return None
+        if self._failed_keys:  # a retry owns these keys again: nothing to forget
+            for key in plan.block_hashes_to_store:
+                self._failed_keys.pop(key, None)
         if plan.block_hashes_to_store:
             self._allocation_sizes.append(len(plan.block_hashes_to_store))
         return convert.prepare_store_output(plan)
@@ -94,6 +110,9 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Make the chunks loadable; on failure drop them, so nothing half-written is ever loaded."""
+        if not success and self._failed_keys is not None:
+            keys = list(keys)
+            self._failed_keys.update(dict.fromkeys(filter(self.manager.is_being_stored, keys)))
         self.manager.complete_store(keys, success=success)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -110,7 +129,14 @@ class NumbaKVOffloadingManager(OffloadingManager):
         return keys
 
     def take_events(self) -> Iterator[OffloadingEvent]:
-        return map(convert.offloading_event, self.manager.take_events())
+        yield from map(convert.offloading_event, self.manager.take_events())
+        if self._failed_keys:
+            keys, self._failed_keys = list(self._failed_keys), {}
+            yield convert.failed_store_event(keys)
+
+    def config_info(self) -> Sequence[Mapping[str, Any]]:
+        """vLLM 0.33's `vllm:kv_offload_config_info` labels: the host tier's sizes."""
+        return [self._config_info]
 
     def get_stats(self) -> OffloadingConnectorStats:
         """vLLM's own CPU-tier metrics, as its CPU manager reports them: the share of chunks a
@@ -136,6 +162,8 @@ class NumbaKVOffloadingManager(OffloadingManager):
     def reset_cache(self) -> None:
         self.manager.reset_cache()
         self._generation += 1
+        if self._failed_keys:
+            self._failed_keys.clear()  # the connector forgets its event notes on a reset too
 
     def shutdown(self) -> None:
         if self.metrics is not None:

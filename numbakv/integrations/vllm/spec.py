@@ -20,6 +20,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS, CPUOffloadingInfo
 from numbakv.integrations.vllm.config import Settings, host_chunks
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
 from numbakv.manager import CPUOffloadingManager
@@ -28,7 +29,8 @@ from numbakv.simulator import simulate_without_gpu
 
 logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
 
-TESTED_VLLM = "0.32.0"
+TESTED_VLLM = frozenset({"0.32.0", "0.33.0"})
+"""The vLLM releases numbakv's tests run against (the `vllm` extra admits these)."""
 
 
 class NumbaKVOffloadingSpec(OffloadingSpec):
@@ -41,12 +43,17 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
         """vLLM's own CPU-tier metrics (`vllm:kv_offload_cpu_*`): the manager reports them."""
         return CPUOffloadingSpec.build_metric_definitions(extra_config)
 
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """vLLM 0.33's `vllm:kv_offload_config_info` labels: those of vLLM's own CPU tier."""
+        return () if CPUOffloadingInfo is None else CPUOffloadingInfo.config_info_keys()
+
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
-        if vllm_version != TESTED_VLLM:
+        if vllm_version not in TESTED_VLLM:
             logger.warning(
                 "numbakv's vLLM spec is tested with vLLM %s; this is vLLM %s",
-                TESTED_VLLM,
+                " and ".join(sorted(TESTED_VLLM)),
                 vllm_version,
             )
         self.settings = Settings.from_extra_config(self.extra_config)
@@ -61,15 +68,21 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> NumbaKVOffloadingManager:
         if self._manager is None:
             settings = self.settings
+            manager_events = self.kv_events_config.enable_kv_cache_events
             manager = CPUOffloadingManager(
                 block_size=self.tokens_per_block[0] * self.blocks_per_chunk,
                 num_blocks=self.num_chunks,
                 cache_policy=settings.eviction_policy,
-                enable_events=self.kv_events_config.enable_kv_cache_events,
+                enable_events=manager_events,
                 store_threshold=settings.store_threshold,
                 max_tracker_size=settings.max_tracker_size,
             )
-            self._manager = NumbaKVOffloadingManager(manager, self._metrics(manager, "scheduler"))
+            self._manager = NumbaKVOffloadingManager(
+                manager,
+                self._metrics(manager, "scheduler"),
+                config_info=self._config_info(),
+                failed_store_events=manager_events and FAILED_STORE_EVENTS,
+            )
             logger.info(
                 "numbakv: host tier of %d chunks (%.2f GiB for all workers), policy %s, "
                 "store threshold %d",
@@ -79,6 +92,13 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 settings.store_threshold,
             )
         return self._manager
+
+    def _config_info(self) -> dict[str, Any]:
+        """The host tier's sizes as vLLM's CPU tier reports them (none before vLLM 0.33)."""
+        if CPUOffloadingInfo is None:
+            return {}
+        info = CPUOffloadingInfo.from_config(self.config, self.num_chunks, self.kv_bytes_per_chunk)
+        return dict(info.as_config_info())
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
