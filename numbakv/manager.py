@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbakv.policies import NOT_READY, resolve_policy
+from numbakv.request_access import RequestAccess
 from numbakv.specs import (
     MEDIUM_CPU,
     BlockEvent,
@@ -46,7 +47,7 @@ MAX_SIZE = 2**31
 """The largest block count (and block size) taken: the manager keeps a few list slots per block,
 so a larger pool would need hundreds of GiB of bookkeeping before its first call."""
 MAX_TRACKER_SIZE = 64_000
-"""Recent hashes whose lookups are counted for `store_threshold` admission (vLLM's default)."""
+"""Recent hashes whose store offers are counted for `store_threshold` admission (vLLM's default)."""
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -103,6 +104,8 @@ class CPUOffloadingManager:
 
     A drop-in for vLLM's CPU offloading manager. Blocks being stored (not ready) or read by a load
     are never evicted; an eviction either frees exactly what a store needs or changes nothing.
+    Loads and stores made for a request (`begin_request`) reach the policy once, in prefix order,
+    when the request finishes (`finish_request`), as in vLLM 0.32.
     """
 
     def __init__(
@@ -124,18 +127,19 @@ class CPUOffloadingManager:
         self._ref_counts: list[int] = []
         self._policy = resolve_policy(cache_policy)(self.num_blocks, self._ref_counts)
         self._events: list[BlockEvent] | None = [] if enable_events else None
-        # How often lookup examined each recent hash; only kept when admission needs it.
-        self._sightings: OrderedDict[BlockHash, int] | None = (
+        # How often prepare_store was offered each recent hash; only kept when admission needs it.
+        self._offers: OrderedDict[BlockHash, int] | None = (
             OrderedDict() if self.store_threshold > 1 else None
         )
+        self._generation = 0  # bumped by reset_cache: requests begun before it are forgotten
         self._lookups = self._hit_blocks = self._missed_blocks = 0
         self._evicted_blocks = self._stored_blocks = self._failed_store_blocks = 0
         self._loaded_blocks = self._stores_skipped = 0
         self._reset_slots()
 
     def _reset_slots(self) -> None:
-        # A stack whose top is slot 0, so a fresh pool hands out ascending ids.
-        self._free_slots: list[int] = list(range(self.num_blocks - 1, -1, -1))
+        self._fresh = 0  # slots from here on were never handed out
+        self._free_slots: list[int] = []  # slots freed since, the most recent last
         self._ref_counts[:] = [NOT_READY] * self.num_blocks
         self._num_idle = 0  # ready with ref count 0: the only evictable blocks
         self._num_being_stored = 0
@@ -161,8 +165,6 @@ class CPUOffloadingManager:
         self._lookups += 1
         self._hit_blocks += hits
         self._missed_blocks += len(hashes) - hits
-        if self._sightings is not None:
-            self._record_sightings(hashes[: hits + 1])
         return hits
 
     def is_being_stored(self, block_hash: BlockHash) -> bool:
@@ -170,17 +172,53 @@ class CPUOffloadingManager:
         block_id = self._policy.get(block_hash)
         return block_id is not None and self._ref_counts[block_id] == NOT_READY
 
-    def _record_sightings(self, examined: Sequence[BlockHash]) -> None:
-        sightings = self._sightings
-        for block_hash in examined:
-            count = sightings.get(block_hash)
-            if count is None:
-                if len(sightings) >= self.max_tracker_size:
-                    sightings.popitem(last=False)
-                sightings[block_hash] = 1
-            else:
-                sightings[block_hash] = count + 1
-                sightings.move_to_end(block_hash)
+    # --- requests ---
+
+    def begin_request(self) -> RequestAccess:
+        """A record for one request's loads and stores, to pass to them and to `finish_request`."""
+        return RequestAccess(self, self._generation)
+
+    def is_current(self, request: RequestAccess) -> bool:
+        """Whether the request was begun by this manager since its last `reset_cache`."""
+        return request.owner is self and request.generation == self._generation
+
+    def finish_request(
+        self, request: RequestAccess, ordered: Sequence[BlockHash] | None = None
+    ) -> None:
+        """Apply the request's accesses to the policy, once: its blocks in prefix order, head the
+        most recent (by default the order first seen; `ordered` when the caller knows the
+        positions better). A request finished already, or begun before a reset, changes nothing."""
+        if request.finished or not self.is_current(request):
+            return
+        request.finished = True
+        chain = list(request.blocks) if ordered is None else ordered
+        if not self._policy.touches_before_storing:
+            self._policy.request_finished(chain, request.inserted - request.reused, request.reused)
+        elif not request.touched:
+            self._policy.touch(chain)
+
+    def _record_offers(self, offered: Sequence[BlockHash]) -> None:
+        """Count one store offer of each hash, as vLLM 0.32 does: hashes tracked already count
+        again and are spared; a new one takes the place of the least recently offered other
+        hash once the tracker is full, and goes untracked when every tracked hash is spared."""
+        offers = self._offers
+        spared = set()
+        for block_hash in offered:
+            count = offers.get(block_hash)
+            if count is not None:
+                offers[block_hash] = count + 1
+                offers.move_to_end(block_hash)
+                spared.add(block_hash)
+        replaceable = len(offers) - len(spared)
+        for block_hash in offered:
+            if block_hash in offers:
+                continue
+            if len(offers) >= self.max_tracker_size:
+                if replaceable == 0:
+                    continue
+                offers.popitem(last=False)
+                replaceable -= 1
+            offers[block_hash] = 1
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         """Mark the hashes as used now, the first as the most recent; unknown hashes are ignored."""
@@ -191,8 +229,12 @@ class CPUOffloadingManager:
             raise _hash_error("touch", hashes, error) from None
         self._policy.touch(hashes)
 
-    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> HostBlocks:
-        """Pin every block for reading and say where it is; all must be cached and ready."""
+    def prepare_load(
+        self, block_hashes: Iterable[BlockHash], request: RequestAccess | None = None
+    ) -> HostBlocks:
+        """Pin every block for reading and say where it is; all must be cached and ready.
+
+        With a `request`, the blocks count as its re-uses when it finishes."""
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
         try:
@@ -215,6 +257,8 @@ class CPUOffloadingManager:
         self._num_idle -= newly_read
         self._num_being_read += newly_read
         self._loaded_blocks += len(block_ids)
+        if request is not None and self.is_current(request):
+            request.record(hashes, hashes)
         return HostBlocks(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -242,44 +286,94 @@ class CPUOffloadingManager:
 
     # --- stores ---
 
-    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> StorePlan | None:
+    def prepare_store(
+        self, block_hashes: Iterable[BlockHash], request: RequestAccess | None = None
+    ) -> StorePlan | None:
         """Allocate host slots for the hashes not cached yet, evicting if needed.
 
-        Returns None, changing nothing, when not enough blocks can be evicted: only ready, idle
-        blocks not named in this call are victims.
+        Returns None when not enough blocks can be evicted (only ready, idle blocks not named in
+        this call are victims): nothing is stored or evicted then, but the offer is counted, as
+        vLLM counts it (`store_threshold`, stores skipped, the request's record). With a
+        `request`, the blocks it stores or finds ready are noted for `finish_request`, and the
+        policy is shown each new block once per request before it goes in (ARC adapts there).
         """
         hashes = _hash_list(block_hashes)
-        get = self._policy.get
+        get, ref_counts = self._policy.get, self._ref_counts
         try:
             unique = dict.fromkeys(hashes)
         except TypeError as error:
             raise _hash_error("prepare_store", hashes, error) from None
-        to_store = [block_hash for block_hash in unique if get(block_hash) is None]
+        if self._offers is not None:
+            self._record_offers(hashes)
+        to_store = []
+        ready = []
+        for block_hash in unique:
+            block_id = get(block_hash)
+            if block_id is None:
+                to_store.append(block_hash)
+            elif ref_counts[block_id] >= 0:
+                ready.append(block_hash)
         named_cached = len(to_store) < len(unique)
-        skipped = 0
-        if self._sightings is not None and to_store:
-            sightings, threshold = self._sightings, self.store_threshold
-            admitted = [h for h in to_store if sightings.get(h, 0) >= threshold]
-            skipped = len(to_store) - len(admitted)
+        if self._offers is not None and to_store:
+            offers, threshold = self._offers, self.store_threshold
+            admitted = [h for h in to_store if offers.get(h, 0) >= threshold]
+            self._stores_skipped += len(to_store) - len(admitted)
             to_store = admitted
+        if request is not None and self.is_current(request):
+            self._observe_store(request, unique, to_store, ready)
         if not to_store:
-            self._stores_skipped += skipped
             return StorePlan([], HostBlocks(), [])
 
-        free_slots = self._free_slots
-        shortfall = len(to_store) - len(free_slots)
+        shortfall = len(to_store) - self._free_count()
         evicted: list[BlockHash] = []
         if shortfall > 0:
             evicted = self._evict(shortfall, unique if named_cached else ())
             if evicted is None:
                 return None
-        slots = free_slots[-len(to_store) :]
-        del free_slots[-len(to_store) :]
-        slots.reverse()
+        slots = self._allocate(len(to_store))
         self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
-        self._stores_skipped += skipped
+        if request is not None and self.is_current(request):
+            request.inserted.update(to_store)
         return StorePlan(to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted)
+
+    def _observe_store(
+        self,
+        request: RequestAccess,
+        offered: Collection[BlockHash],
+        to_store: list[BlockHash],
+        ready: list[BlockHash],
+    ) -> None:
+        """Record the offer (the blocks to store and those found ready, in the order offered),
+        show the policy the request's new blocks it has not seen yet, and give a policy that
+        touches before storing its one touch of the request."""
+        if not ready:
+            request.record(to_store, ready)
+        else:
+            noted = set(to_store).union(ready)
+            request.record([h for h in offered if h in noted], ready)
+        misses = [h for h in to_store if h not in request.store_misses]
+        if misses:
+            self._policy.on_store_miss(misses)
+            request.store_misses.update(misses)
+        if to_store and self._policy.touches_before_storing and not request.touched:
+            request.touched = True
+            self._policy.touch(list(request.blocks))
+
+    def _free_count(self) -> int:
+        return len(self._free_slots) + self.num_blocks - self._fresh
+
+    def _allocate(self, count: int) -> list[int]:
+        """`count` free slots, as vLLM hands them out: never-used ones in ascending order first,
+        then freed ones, the most recently freed first."""
+        fresh = min(count, self.num_blocks - self._fresh)
+        slots = list(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        if fresh < count:
+            freed = self._free_slots
+            slots += reversed(freed[fresh - count :])
+            del freed[fresh - count :]
+        return slots
 
     def _evict(self, shortfall: int, named: Collection[BlockHash]) -> list[BlockHash] | None:
         """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot."""
@@ -346,20 +440,23 @@ class CPUOffloadingManager:
             self._events.clear()
 
     def reset_cache(self) -> None:
-        """Forget every block, ghost, sighting and pending event; counters keep counting.
+        """Forget every block, ghost, offer count, request and pending event; counters keep
+        counting.
 
-        The caller must not complete transfers begun before the reset.
+        The caller must not complete transfers begun before the reset; requests begun before it
+        are ignored from now on (a new `begin_request` starts afresh).
         """
         self._policy.clear()
         self._reset_slots()
-        if self._sightings is not None:
-            self._sightings.clear()
+        self._generation += 1
+        if self._offers is not None:
+            self._offers.clear()
         if self._events is not None:
             self._events.clear()
 
     def stats(self) -> ManagerStats:
         """Counters and gauges for metrics, in O(1)."""
-        free = len(self._free_slots)
+        free = self._free_count()
         return ManagerStats(
             lookups=self._lookups,
             hit_blocks=self._hit_blocks,

@@ -107,7 +107,8 @@ class ReferenceManager:
         self.events: list = []  # (hashes, removed)
         self.threshold = store_threshold
         self.tracker = tracker
-        self.sightings: list = []  # [hash, count], least recently seen first
+        self.offers: list = []  # [hash, count], least recently offered first
+        self.stores_skipped = 0
 
     def lookup(self, hashes) -> int:
         hits = 0
@@ -115,16 +116,28 @@ class ReferenceManager:
             if self.ref.get(h, -1) < 0:
                 break
             hits += 1
-        for h in hashes[: hits + 1]:
-            entry = next((e for e in self.sightings if e[0] == h), None)
-            if entry is None:
-                if len(self.sightings) >= self.tracker:
-                    self.sightings.pop(0)
-                self.sightings.append([h, 1])
-            else:
-                self.sightings.remove(entry)
-                self.sightings.append([h, entry[1] + 1])
         return hits
+
+    def _count_offers(self, hashes) -> None:
+        """vLLM's rule: tracked hashes count again and are spared; when the tracker is full, a
+        new hash replaces the least recently offered hash tracked before this call and not
+        spared, and goes untracked when none is left."""
+        spared = {h for h in hashes if any(e[0] == h for e in self.offers)}
+        for h in hashes:
+            if h in spared:
+                entry = next(e for e in self.offers if e[0] == h)
+                self.offers.remove(entry)
+                self.offers.append([h, entry[1] + 1])
+        replaceable = [e[0] for e in self.offers if e[0] not in spared]
+        for h in hashes:
+            if any(e[0] == h for e in self.offers):
+                continue
+            if len(self.offers) >= self.tracker:
+                if not replaceable:
+                    continue
+                victim = replaceable.pop(0)
+                self.offers = [e for e in self.offers if e[0] != victim]
+            self.offers.append([h, 1])
 
     def touch(self, hashes) -> None:
         self.policy.touch(hashes, lambda h: self.ref[h] >= 0)
@@ -154,8 +167,11 @@ class ReferenceManager:
             if h not in self.ref and h not in new:
                 new.append(h)
         if self.threshold > 1:
-            seen = {e[0]: e[1] for e in self.sightings}
-            new = [h for h in new if seen.get(h, 0) >= self.threshold]
+            self._count_offers(hashes)
+            seen = {e[0]: e[1] for e in self.offers}
+            admitted = [h for h in new if seen.get(h, 0) >= self.threshold]
+            self.stores_skipped += len(new) - len(admitted)
+            new = admitted
         shortfall = len(new) - (self.capacity - len(self.ref))
         evicted: list = []
         if new and shortfall > 0:
@@ -185,4 +201,6 @@ class ReferenceManager:
             self.events.append((done, False))
 
     def reset(self) -> None:
+        skipped = self.stores_skipped  # a counter: it keeps counting across resets
         self.__init__(self.capacity, self.policy_name, self.threshold, self.tracker)
+        self.stores_skipped = skipped

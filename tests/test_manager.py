@@ -230,19 +230,43 @@ def test_reset_cache_makes_the_manager_as_new(manager):
     assert manager.policy_stats() == fresh.policy_stats()
 
 
-def test_store_threshold_admits_on_the_nth_sighting():
+def test_store_threshold_admits_on_the_nth_offer():
+    """vLLM 0.32's rule: prepare_store counts offers, lookups count nothing, and a failed store
+    is counted too (the connector offers it again)."""
     manager = CPUOffloadingManager(16, 8, store_threshold=2, max_tracker_size=3)
-    assert manager.lookup([1, 2, 3]) == 0  # examines 1 only (the first miss)
+    assert manager.lookup([1, 2, 3]) == 0
     assert manager.prepare_store([1, 2, 3]).block_hashes_to_store == []
     assert manager.stats().stores_skipped == 3
-    manager.lookup([1])
-    assert manager.prepare_store([1, 2]).block_hashes_to_store == [1]
-    for h in (10, 11, 12):  # the tracker holds 3 hashes: 1 and 2 are forgotten
-        manager.lookup([h])
-    manager.lookup([2])
+    plan = manager.prepare_store([1, 2])
+    assert plan.block_hashes_to_store == [1, 2]  # the whole run at once, not up to a miss
+    manager.complete_store([1, 2])
+    # 3 counts again and is spared; 10 and 11 take the places of 1 and 2, offered before 3
+    assert manager.prepare_store([3, 10, 11]).block_hashes_to_store == [3]
+    assert manager.prepare_store([1, 12]).block_hashes_to_store == []  # 1 is cached, 12 new
+    assert manager.stats().stores_skipped == 3 + 2 + 1
+
+
+def test_store_threshold_counts_a_refused_offer():
+    manager = CPUOffloadingManager(16, 1, store_threshold=2)
+    manager.prepare_store([1])
+    manager.complete_store(manager.prepare_store([1]).block_hashes_to_store)
+    manager.prepare_load([1])  # pinned: nothing can be evicted
     assert manager.prepare_store([2]).block_hashes_to_store == []
+    assert manager.prepare_store([2]) is None  # admitted, but no room
+    manager.complete_load([1])
+    assert manager.prepare_store([2]).block_hashes_to_store == [2]
 
 
+def test_slots_are_handed_out_as_vllm_does():
+    """Never-used slots first, in ascending order, then freed ones, the last freed first."""
+    manager = CPUOffloadingManager(16, 4)
+    for hashes in ([1, 2], [3]):
+        manager.complete_store(manager.prepare_store(hashes).block_hashes_to_store)
+    manager.touch([1])
+    plan = manager.prepare_store([2, 5, 6, 7])
+    assert plan.block_hashes_evicted == [3, 1]  # 2 is named; 3 and 1 free slots 2 and 0
+    assert plan.block_hashes_to_store == [5, 6, 7]
+    assert plan.store_spec.block_ids.tolist() == [3, 0, 2]
 def test_stats_counts_lookups_hits_and_misses(manager):
     stored(manager, [1, 2])
     manager.lookup([1, 2, 3, 4])

@@ -168,14 +168,19 @@ def test_a_failed_store_is_announced_as_the_running_vllms_cpu_tier_announces_it(
     assert _event_log(ours) == []  # announced once
 
 
-def test_recency_without_touch_a_loaded_prefix_outlives_older_chunks():
-    manager = adapter(capacity=3)
-    stored(manager, 1, 2)
-    stored(manager, 3)  # 3 is the most recent, 1 the least
-    context = ReqContext(req_id="reader")
-    assert BENCH.connector_request(manager, keys(1, 2, 4), "reader") == 2  # loads 1, 2; stores 4
-    assert manager.lookup(key(3), context) is LookupResult.MISS  # evicted in place of 1 and 2
-    assert [manager.lookup(k, context) for k in keys(1, 2, 4)] == [LookupResult.HIT] * 3
+def test_a_finished_request_makes_its_chain_recent_head_first():
+    """vLLM 0.32's order: a request's chunks become recent when it finishes, the head the most
+    recent, so LRU evicts a chain from its tail; until then its loads count for nothing."""
+    manager = adapter(capacity=5)
+    BENCH.connector_request(manager, keys(1, 2, 3), "first")
+    BENCH.connector_request(manager, keys(9), "other")  # 9 is the most recent, 3 the least
+    assert BENCH.connector_request(manager, keys(1, 2, 3, 4, 5), "reader") == 3
+    # Its store evicted 3, its own loaded tail, before its finish made 1 and 2 recent.
+    context = ReqContext(req_id="check")
+    hits = [manager.lookup(k, context) is LookupResult.HIT for k in keys(1, 2, 3, 4, 5, 9)]
+    assert hits == [True, True, False, True, True, True]
+    assert manager.prepare_store(keys(6), context).evicted_keys == keys(9)
+    assert manager.prepare_store(keys(7), context).evicted_keys == keys(5)  # the tail goes first
 
 
 def test_a_request_that_only_loads_is_touched_when_it_finishes():

@@ -19,6 +19,8 @@ class ARCPolicy(CachePolicy):
     so the split adapts to the workload without a knob.
     """
 
+    touches_before_storing = False  # vLLM's order: see request_finished
+
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         super().__init__(capacity, ref_counts)
         self.p = 0.0
@@ -42,7 +44,7 @@ class ARCPolicy(CachePolicy):
             del self.t2[block_hash]
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        t1, t2 = self.t1, self.t2
         for block_hash in reversed(block_hashes):
             block_id = t1.pop(block_hash, None)
             if block_id is not None:
@@ -51,20 +53,46 @@ class ARCPolicy(CachePolicy):
                 (t2 if ready else t1)[block_hash] = block_id
             elif block_hash in t2:
                 t2.move_to_end(block_hash)
-            elif block_hash in b1:
-                self._adapt_to_ghost(in_b1=True)
-                b1.move_to_end(block_hash)
-            elif block_hash in b2:
-                self._adapt_to_ghost(in_b1=False)
-                b2.move_to_end(block_hash)
+            else:
+                self._adapt_to_ghost(block_hash)
 
-    def _adapt_to_ghost(self, in_b1: bool) -> None:
-        """Move p towards the side whose ghost was touched: T1 was evicted too early (B1) or T2 was."""
+    def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> None:
+        """A request's new blocks, once per request: a ghost among them moves p (vLLM's rule)."""
+        for block_hash in reversed(block_hashes):
+            self._adapt_to_ghost(block_hash)
+
+    def request_finished(
+        self,
+        block_hashes: Sequence[BlockHash],
+        inserted: AbstractSet[BlockHash],
+        reused: AbstractSet[BlockHash],
+    ) -> None:
+        """vLLM's ARC: a re-used block is one more access (T1 -> T2, or T2's newest); a block
+        the request only stored keeps its list and becomes its newest; head first."""
+        t1, t2 = self.t1, self.t2
+        for block_hash in reversed(block_hashes):
+            if block_hash in inserted:
+                if block_hash in t1:
+                    t1.move_to_end(block_hash)
+                elif block_hash in t2:
+                    t2.move_to_end(block_hash)
+            elif block_hash in reused:
+                block_id = t1.pop(block_hash, None)
+                if block_id is not None:
+                    t2[block_hash] = block_id
+                elif block_hash in t2:
+                    t2.move_to_end(block_hash)
+
+    def _adapt_to_ghost(self, block_hash: BlockHash) -> None:
+        """If the hash is a ghost, move p towards its side (T1 was evicted too early if it is in
+        B1, T2 if in B2) and make it its ghost list's newest."""
         b1, b2 = self.b1, self.b2
-        if in_b1:
+        if block_hash in b1:
             self.p = min(self.p + max(1.0, len(b2) / len(b1)), self.capacity)
-        else:
+            b1.move_to_end(block_hash)
+        elif block_hash in b2:
             self.p = max(self.p - max(1.0, len(b1) / len(b2)), 0.0)
+            b2.move_to_end(block_hash)
 
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:
         # Victims come one at a time, as if the earlier ones were gone: from T1 while what remains

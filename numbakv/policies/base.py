@@ -20,6 +20,12 @@ class CachePolicy(ABC):
     ready and idle, n > 0 while n loads read it. A policy reads it and never writes it.
     """
 
+    touches_before_storing: bool = True
+    """Whether a request's touch comes before its new blocks go in, once per request (at its first
+    store, or when it finishes if it stores none): numbakv's own policies rank, class and count a
+    request's new blocks against that touch. LRU and ARC say False: they follow vLLM 0.32, which
+    inserts at the store and applies the request when it finishes (`request_finished`)."""
+
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         self.capacity = capacity
         self.ref_counts = ref_counts
@@ -42,6 +48,27 @@ class CachePolicy(ABC):
 
         Hashes that are not cached are ignored (or, for policies with history, noted).
         """
+
+    def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> None:
+        """New blocks a request is about to store, shown once per request, before they go in.
+
+        Nothing by default; ARC moves its target here when one of them is a ghost.
+        """
+
+    def request_finished(
+        self,
+        block_hashes: Sequence[BlockHash],
+        inserted: AbstractSet[BlockHash],
+        reused: AbstractSet[BlockHash],
+    ) -> None:
+        """A finished request's accesses, applied once, as vLLM 0.32 applies them; called only
+        when `touches_before_storing` is False.
+
+        `block_hashes` are the blocks it loaded or offered to store, in prefix order (head
+        first), cached or not by now; `inserted` those it stored itself, `reused` the ready ones
+        it loaded or found stored. By default all are touched, head first.
+        """
+        self.touch(block_hashes)
 
     @abstractmethod
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:

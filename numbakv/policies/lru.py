@@ -17,10 +17,12 @@ class LRUPolicy(BlockTable):
     """Evicts the least recently inserted or touched idle blocks.
 
     Touching a request's chain makes its *first* block the most recent: every later hit on any
-    part of the chain needs the head, so the head should outlive the tail.
+    part of the chain needs the head, so the head should outlive the tail. A finished request
+    touches all its blocks, so a chain is evicted from its tail (vLLM 0.32's order).
     """
 
     _where: OrderedDict[BlockHash, int]  # least recent first
+    touches_before_storing = False  # vLLM's: a finished request touches every block it named
 
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         super().__init__(capacity, ref_counts, OrderedDict())

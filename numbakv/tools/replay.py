@@ -1,6 +1,7 @@
 """Replaying request traces through the manager: hit ratios of a policy at a capacity.
 
-Each request is looked up, touched, and its missing tail stored (docs/MANAGER.md, "Replay");
+Each request is looked up, its hits loaded, its missing tail stored, and then it finishes, in
+vLLM 0.32's request order (docs/MANAGER.md, "Replay");
 `python3 -m numbakv.replay` is the command line over it (numbakv.tools.replay_command).
 """
 
@@ -43,15 +44,22 @@ class ReplayInterrupted(KeyboardInterrupt):
 
 
 def replay_request(manager: CPUOffloadingManager, chain: Sequence[int]) -> tuple[int, int]:
-    """One request under the trace's replay semantics: look it up, touch it, store its missing
-    tail. Returns (blocks hit, blocks stored)."""
+    """One request under the trace's replay semantics, as vLLM 0.32's connector drives a manager:
+    look it up, load its hits, store its missing tail, finish it (its blocks then become recent,
+    the head the most recent). Returns (blocks hit, blocks stored)."""
+    request = manager.begin_request()
     hits = manager.lookup(chain)
-    manager.touch(chain)
-    output = manager.prepare_store(chain[hits:])
-    if output is None:
-        return hits, 0
-    manager.complete_store(output.block_hashes_to_store)
-    return hits, len(output.block_hashes_to_store)
+    if hits:
+        manager.prepare_load(chain[:hits], request)
+        manager.complete_load(chain[:hits])
+    stored = 0
+    if hits < len(chain):
+        output = manager.prepare_store(chain[hits:], request)
+        if output is not None:
+            manager.complete_store(output.block_hashes_to_store)
+            stored = len(output.block_hashes_to_store)
+    manager.finish_request(request)
+    return hits, stored
 
 
 def replay(
@@ -114,7 +122,7 @@ def _replay(
     try:
         for chain in chains:
             hits, stored = replay_request(manager, chain)
-            block_operations += 2 * len(chain) + len(chain) - hits + stored
+            block_operations += 3 * len(chain) + hits + stored
             requests += 1
             meter.update()
     except KeyboardInterrupt:

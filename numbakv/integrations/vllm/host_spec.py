@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
-from vllm.v1.kv_offload.base import LoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 
-class HostChunksSpec(LoadStoreSpec):
+class HostChunksSpec(CPULoadStoreSpec):
     """Host chunk ids (int64, as numbakv's manager returns them), in the order of the job's keys.
 
-    Travels from the scheduler to the workers inside vLLM's connector metadata; plain data.
+    A vLLM `CPULoadStoreSpec` (`chunk_ids`, `block_ids`), as vLLM's own CPU manager returns, over
+    numbakv's array as it is. Travels from the scheduler to the workers inside vLLM's connector
+    metadata; plain data.
     """
 
     def __init__(self, chunk_ids: np.ndarray) -> None:
-        self.chunk_ids = chunk_ids
+        self.block_ids = chunk_ids
 
     def __repr__(self) -> str:
-        return f"HostChunksSpec({self.chunk_ids.tolist()})"
+        return f"HostChunksSpec({self.block_ids.tolist()})"

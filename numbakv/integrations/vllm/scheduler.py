@@ -1,17 +1,15 @@
 """vLLM's scheduler side: its `OffloadingManager` interface over numbakv's `CPUOffloadingManager`.
 
-Keys are vLLM's `OffloadKey`s (bytes), used as numbakv block hashes as they are. vLLM 0.32's
-connector never calls `touch`, so recency comes from what a request does, in numbakv's replay
-order (docs/MANAGER.md): the chunks it loaded and the chunks it offers to store are touched
-together, head first, just before its store (or when it finishes, if it stores nothing); its new
-chunks then enter as the most recent. numbakv's results become vLLM's types in `.convert`. Never
-imports the data path: it runs in vLLM's scheduler.
+Keys are vLLM's `OffloadKey`s (bytes), used as numbakv block hashes as they are. Recency follows
+vLLM 0.32's request order: a request's loads and stores are recorded (numbakv's `RequestAccess`,
+kept in its `ReqContext`) and reach the policy once, when it finishes, in prefix order, head the
+most recent. numbakv's results become vLLM's types in `.convert`. Never imports the data path: it
+runs in vLLM's scheduler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
@@ -19,28 +17,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
 )
 from vllm.v1.kv_offload.base import (
     LookupResult,
+    Medium,
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
+    get_offload_group_idx,
 )
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
+from vllm.v1.kv_offload.cpu.policies.base import order_request_keys
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from numbakv.integrations.vllm import convert
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics
-
-
-@dataclass(eq=False)
-class _LoadedChunks:
-    """One request's loaded chunks whose touch waits for its next store (kept in its ReqContext)."""
-
-    generation: int
-    keys: list[OffloadKey] = field(default_factory=list)
+from numbakv.request_access import RequestAccess
 
 
 class NumbaKVOffloadingManager(OffloadingManager):
@@ -58,16 +52,25 @@ class NumbaKVOffloadingManager(OffloadingManager):
         `failed_store_events`: announce failed stores as `metadata_only` removals (vLLM 0.33)."""
         self.manager = manager
         self.metrics = metrics
+        self.medium = Medium.CPU  # what vLLM's CPU manager says its events' medium is
         self._config_info = dict(config_info or {})
         # Keys of failed stores not announced yet; None when they are never announced.
         self._failed_keys: dict[OffloadKey, None] | None = {} if failed_store_events else None
         self._lookup = manager.lookup
-        self._generation = 0  # bumped by reset_cache: loads recorded before it are forgotten
         self._allocation_sizes: list[int] = []  # chunks each store allocated, since get_stats
         self._stores_skipped = 0  # the manager's count when get_stats last reported it
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._request(req_context)
         return RequestOffloadingContext()
+
+    def _request(self, req_context: ReqContext) -> RequestAccess:
+        """The request's record in numbakv's manager, begun afresh after a reset."""
+        request = req_context.get_state(RequestAccess)
+        if request is None or not self.manager.is_current(request):
+            request = self.manager.begin_request()
+            req_context.set_state(request)
+        return request
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self._lookup((key,)):
@@ -80,13 +83,10 @@ class NumbaKVOffloadingManager(OffloadingManager):
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HostChunksSpec:
-        blocks = self.manager.prepare_load(keys)
-        loaded = req_context.get_state(_LoadedChunks)
-        if loaded is None or loaded.generation != self._generation:
-            loaded = _LoadedChunks(self._generation)
-            req_context.set_state(loaded)
-        loaded.keys.extend(keys)
-        return convert.host_chunks_spec(blocks)
+        return convert.host_chunks_spec(self.manager.prepare_load(keys, self._request(req_context)))
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.manager.touch(keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.manager.complete_load(keys)
@@ -94,9 +94,7 @@ class NumbaKVOffloadingManager(OffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
-        keys = list(keys)
-        self.manager.touch(self._take_loaded(req_context) + keys)
-        plan = self.manager.prepare_store(keys)
+        plan = self.manager.prepare_store(keys, self._request(req_context))
         if plan is None:
             return None
         if self._failed_keys:  # a retry owns these keys again: nothing to forget
@@ -116,17 +114,10 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self.manager.complete_store(keys, success=success)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        loaded = self._take_loaded(req_context)
-        if loaded:
-            self.manager.touch(loaded)
-
-    def _take_loaded(self, req_context: ReqContext) -> list[OffloadKey]:
-        """The request's loaded chunks not touched yet (forgetting them), head first."""
-        loaded = req_context.get_state(_LoadedChunks)
-        if loaded is None or not loaded.keys or loaded.generation != self._generation:
-            return []
-        keys, loaded.keys = loaded.keys, []
-        return keys
+        """The request's accesses reach the policy, in vLLM's prefix order (`_prefix_order`)."""
+        request = req_context.get_state(RequestAccess)
+        if request is not None and self.manager.is_current(request) and not request.finished:
+            self.manager.finish_request(request, _prefix_order(request.blocks, req_context))
 
     def take_events(self) -> Iterator[OffloadingEvent]:
         yield from map(convert.offloading_event, self.manager.take_events())
@@ -161,10 +152,26 @@ class NumbaKVOffloadingManager(OffloadingManager):
 
     def reset_cache(self) -> None:
         self.manager.reset_cache()
-        self._generation += 1
         if self._failed_keys:
             self._failed_keys.clear()  # the connector forgets its event notes on a reset too
 
     def shutdown(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _prefix_order(keys: Collection[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
+    """A request's keys head first, as vLLM 0.32's manager orders them: by KV cache group, each
+    group by token position when every key of it has one, then across groups by position when
+    every key has one (`order_request_keys`); otherwise in the order first seen."""
+    groups: dict[int, list[OffloadKey]] = {}
+    for key in keys:
+        groups.setdefault(get_offload_group_idx(key), []).append(key)
+    key_groups = []
+    for group in sorted(groups):
+        group_keys = groups[group]
+        positions = {key: req_context.get_offload_key_position(key) for key in group_keys}
+        if None not in positions.values():
+            group_keys.sort(key=positions.__getitem__)
+        key_groups.append(group_keys)
+    return order_request_keys(key_groups, req_context)

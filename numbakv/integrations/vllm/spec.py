@@ -7,6 +7,7 @@ imported only by `get_worker`, so the scheduler process never loads Numba CUDA.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm import __version__ as vllm_version
@@ -68,20 +69,13 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> NumbaKVOffloadingManager:
         if self._manager is None:
             settings = self.settings
-            manager_events = self.kv_events_config.enable_kv_cache_events
-            manager = CPUOffloadingManager(
-                block_size=self.tokens_per_block[0] * self.blocks_per_chunk,
-                num_blocks=self.num_chunks,
-                cache_policy=settings.eviction_policy,
-                enable_events=manager_events,
-                store_threshold=settings.store_threshold,
-                max_tracker_size=settings.max_tracker_size,
-            )
-            self._manager = NumbaKVOffloadingManager(
-                manager,
-                self._metrics(manager, "scheduler"),
-                config_info=self._config_info(),
-                failed_store_events=manager_events and FAILED_STORE_EVENTS,
+            self._manager = build_scheduler_manager(
+                settings,
+                self.num_chunks,
+                self.tokens_per_block[0] * self.blocks_per_chunk,
+                self.kv_events_config.enable_kv_cache_events,
+                lambda manager: self._metrics(manager, "scheduler"),
+                self._config_info(),
             )
             logger.info(
                 "numbakv: host tier of %d chunks (%.2f GiB for all workers), policy %s, "
@@ -133,3 +127,30 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
         metrics = OffloadMetrics(manager, instance=f"{prefix}-{role}", registry=None)
         metrics.start_sync_thread(1.0)
         return metrics
+
+
+def build_scheduler_manager(
+    settings: Settings,
+    num_chunks: int,
+    block_size: int,
+    enable_events: bool,
+    metrics: Callable[[CPUOffloadingManager], OffloadMetrics | None] = lambda manager: None,
+    config_info: Mapping[str, Any] | None = None,
+) -> NumbaKVOffloadingManager:
+    """numbakv's manager under vLLM's interface, as the spec builds it in vLLM's scheduler (and
+    vLLM's own manager tests build it, through tests/vllm_peer). `config_info`: the labels of
+    vLLM 0.33's `vllm:kv_offload_config_info`."""
+    manager = CPUOffloadingManager(
+        block_size=block_size,
+        num_blocks=num_chunks,
+        cache_policy=settings.eviction_policy,
+        enable_events=enable_events,
+        store_threshold=settings.store_threshold,
+        max_tracker_size=settings.max_tracker_size,
+    )
+    return NumbaKVOffloadingManager(
+        manager,
+        metrics(manager),
+        config_info=config_info,
+        failed_store_events=enable_events and FAILED_STORE_EVENTS,
+    )

@@ -1,0 +1,121 @@
+"""A pytest plugin that runs vLLM's own offloading tests against numbakv's manager.
+
+    cd DIR && PYTHONPATH=.../tests/vllm_peer python -m pytest -p numbakv_vllm_peer FILES
+
+DIR holds the `tests/` folder of the installed vLLM release's source distribution, and FILES are
+`TEST_FILES` of that release (`.ci/vllm_peer_tests` fetches, unpacks and runs them). Wherever those tests build vLLM's
+`CPUOffloadingManager(num_chunks, cache_policy=..., ...)`, they get numbakv's, built from the same
+settings as `NumbaKVOffloadingSpec` builds it. Tests that read vLLM's private attributes or
+internals are deselected, each with its reason (`DESELECTED`, listed in docs/VLLM.md).
+Loaded as a top-level module, not from numbakv's `tests` package: vLLM's tests import their own
+package `tests`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import vllm
+from vllm.v1.kv_offload.cpu import manager as vllm_cpu_manager
+
+from numbakv.integrations.vllm.config import Settings
+from numbakv.integrations.vllm.spec import build_scheduler_manager
+
+TEST_FILES = {
+    "0.32.0": (
+        "tests/v1/kv_offload/cpu/test_manager.py",
+        "tests/v1/kv_offload/cpu/policies/test_factory.py",
+    ),
+}
+"""vLLM's test files run against numbakv, per vLLM release."""
+
+_POLICY = "reads or replaces vLLM's policy object (`manager._policy`) and its lists"
+DESELECTED = {
+    "0.32.0": {
+        "tests/v1/kv_offload/cpu/test_manager.py::test_cpu_manager_reports_cache_usage_gauge": "builds a manager of 0 chunks, which numbakv's spec refuses (a tier that holds nothing)",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_cpu_manager_reports_allocation_size_on_allocation_failure": "replaces vLLM's private `_allocate_chunks`",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_cpu_manager_reports_allocation_size_on_eviction_failure": "a store refused for want of room is not observed in the allocation histogram (a known difference, docs/VLLM.md)",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_lru_batch_eviction_failure_is_atomic": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_lru_repeated_pin_cycles_compact_lazy_heap_entries": "vLLM's LRU heap internals",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_reset_discards_stale_request_access_classification": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_basic": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_t1_to_t2_promotion": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_eviction_with_load": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_adaptive_target": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_t1_t2_eviction_policy": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_batch_eviction_scans_t1_and_t2_once": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_batch_eviction_falls_back_after_t1_iterator_exhausted": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_store_falls_back_to_t1_when_t2_cannot_satisfy_eviction": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_batch_eviction_failure_is_atomic": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_ghost_list_bounds": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_touch_ordering": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_failed_store": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::TestARCPolicy::test_full_scenario": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_filter_reused_manager": "reads vLLM's admission tracker (`manager.counts`)",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_store_threshold_does_not_hide_ready_reuse": "reads vLLM's `stores_skipped_in_current_batch` (numbakv reports it through get_stats)",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_evictable_cache_chunk_count": "reads vLLM's private `_num_evictable_cache_chunks`",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_touch_forwards_req_context_to_policy": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_arc_counts_reuse_once_and_keeps_insertions_in_t1": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_arc_reuse_wins_if_same_request_later_reinserts_key": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_request_finish_forwards_grouped_deduplicated_accesses": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_failed_store_records_access_once_and_uses_store_miss_hook": "replaces vLLM's private `_record_request_cache_access` and policy hooks",
+        "tests/v1/kv_offload/cpu/test_manager.py::test_arc_ghost_hit_adapts_once_per_request_before_insertion": _POLICY,
+        "tests/v1/kv_offload/cpu/test_manager.py::test_arc_pending_chunk_is_not_a_frequency_hit": _POLICY,
+        "tests/v1/kv_offload/cpu/policies/test_factory.py::TestCachePolicyFactory::test_register_and_resolve_custom_policy": (
+            "runs a vLLM CachePolicy, which numbakv's spec refuses, naming vLLM's own spec"
+        ),
+        "tests/v1/kv_offload/cpu/policies/test_factory.py::TestCachePolicyFactory::test_manager_resolves_policy_via_module_path": (
+            "runs a vLLM CachePolicy, which numbakv's spec refuses, naming vLLM's own spec"
+        ),
+    },
+}
+"""Per vLLM release: test id (path::name, parameters dropped) -> why it cannot apply to numbakv."""
+
+
+def numbakv_cpu_manager(
+    num_chunks: int,
+    cache_policy: str = "lru",
+    cache_policy_module_path: str | None = None,
+    enable_events: bool = False,
+    store_threshold: int = 1,
+    max_tracker_size: int = 64_000,
+):
+    """numbakv's manager where vLLM's tests build `CPUOffloadingManager`, from the settings they
+    give it, checked as the spec checks them."""
+    extra = {
+        "cpu_bytes_to_use": num_chunks,
+        "eviction_policy": cache_policy,
+        "store_threshold": store_threshold,
+        "max_tracker_size": max_tracker_size,
+    }
+    if cache_policy_module_path is not None:
+        extra["cache_policy_module_path"] = cache_policy_module_path
+    return build_scheduler_manager(
+        Settings.from_extra_config(extra), num_chunks, block_size=16, enable_events=enable_events
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if vllm.__version__ not in TEST_FILES:
+        raise pytest.UsageError(
+            f"numbakv_vllm_peer: no peer suite for vLLM {vllm.__version__}; "
+            f"known: {sorted(TEST_FILES)}"
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    deselected_ids = DESELECTED[vllm.__version__]
+    kept, dropped = [], []
+    for item in items:
+        test_id = item.nodeid.split("[")[0]
+        (dropped if test_id in deselected_ids else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _numbakv_manager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's test modules import `CPUOffloadingManager` by name: theirs now builds numbakv's."""
+    module = request.module
+    if getattr(module, "CPUOffloadingManager", None) is vllm_cpu_manager.CPUOffloadingManager:
+        monkeypatch.setattr(module, "CPUOffloadingManager", numbakv_cpu_manager)
