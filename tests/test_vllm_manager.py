@@ -251,6 +251,90 @@ def test_replay_through_the_adapter_hits_as_numbakv_replay_for_any_trace(
     assert stats.being_stored == stats.being_read == 0
 
 
+class _Pair:
+    """vLLM's own CPU manager and numbakv's adapter, given the same calls, answers compared."""
+
+    def __init__(self, capacity: int, policy: str) -> None:
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager
+
+        self.sides = (
+            VLLMManager(num_chunks=capacity, cache_policy=policy),
+            adapter(capacity, policy),
+        )
+        self.contexts: dict[int, tuple[ReqContext, ReqContext]] = {}
+
+    def context(self, request: int, chain: list[bytes]) -> tuple[ReqContext, ReqContext]:
+        """The request's context on each side, its keys' end-token positions set as vLLM's
+        connector sets them (head first, 16 tokens a chunk)."""
+        if request not in self.contexts:
+            pair = (ReqContext(req_id=str(request)), ReqContext(req_id=str(request)))
+            for context, side in zip(pair, self.sides):
+                for position, block in enumerate(chain, 1):
+                    context.set_offload_key_position(block, 16 * position)
+                side.on_new_request(context)
+            self.contexts[request] = pair
+        return self.contexts[request]
+
+    def same(self, call: str, *args, contexts: tuple[ReqContext, ReqContext], **options):
+        """Make the call on both sides; their answers must agree."""
+        answers = [
+            getattr(side, call)(*args, context, **options)
+            for side, context in zip(self.sides, contexts)
+        ]
+        if call == "prepare_store":
+            answers = [
+                None if out is None else (out.keys_to_store, set(out.evicted_keys))
+                for out in answers
+            ]
+        elif call == "prepare_load":  # each side's own chunk ids
+            answers = [None, None]
+        assert answers[0] == answers[1], call
+        return answers[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(prefix_sharing_chains(), st.integers(1, 10), st.data())
+def test_lru_evicts_as_the_running_vllms_lru_for_interleaved_requests(chains, capacity, data):
+    """Requests that load, store in parts, fail and finish interleaved: lookups and evictions
+    as vLLM's own LRU, 0.32's or 0.33's (which ranks a running request's chunks by position)."""
+    pair = _Pair(capacity, "lru")
+    chains = [keys(*chain) for chain in chains[:6]]
+    loading: list[tuple[list[bytes], tuple]] = []
+    for _ in range(data.draw(st.integers(1, 40))):
+        request = data.draw(st.integers(0, len(chains) - 1))
+        chain = chains[request]
+        contexts = pair.context(request, chain)
+        action = data.draw(st.sampled_from(["load", "store", "complete", "finish"]))
+        if action == "load":
+            hits = 0
+            while hits < len(chain):
+                if pair.same("lookup", chain[hits], contexts=contexts) is not LookupResult.HIT:
+                    break
+                hits += 1
+            if hits:
+                pair.same("prepare_load", chain[:hits], contexts=contexts)
+                loading.append((chain[:hits], contexts))
+        elif action == "store":
+            start = data.draw(st.integers(0, len(chain) - 1))
+            part = chain[start : data.draw(st.integers(start + 1, len(chain)))]
+            stored = pair.same("prepare_store", part, contexts=contexts)
+            if stored is not None and stored[0]:
+                success = data.draw(st.booleans())
+                pair.same("complete_store", stored[0], contexts=contexts, success=success)
+        elif action == "complete" and loading:
+            loaded, load_contexts = loading.pop(data.draw(st.integers(0, len(loading) - 1)))
+            pair.same("complete_load", loaded, contexts=load_contexts)
+        elif action == "finish":
+            for loaded, load_contexts in [load for load in loading if load[1] is contexts]:
+                pair.same("complete_load", loaded, contexts=contexts)  # before it finishes
+            loading = [load for load in loading if load[1] is not contexts]
+            pair.same("on_request_finished", contexts=contexts)
+            del pair.contexts[request]  # its next request is another
+    probe = (ReqContext(req_id="probe"),) * 2
+    for key in {key for chain in chains for key in chain}:
+        pair.same("lookup", key, contexts=probe)
+
+
 def test_the_spec_sizes_the_host_tier_as_vllms_cpu_tier_does():
     from numbakv.integrations.vllm import NumbaKVOffloadingSpec
     from tests.vllm_support import offloading_config
