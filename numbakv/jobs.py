@@ -11,19 +11,24 @@ from enum import Enum
 class Direction(str, Enum):
     """Which way a job moves blocks; equal to its value, so "store" and "load" are accepted too."""
 
-    STORE = "store"  # GPU -> host
-    LOAD = "load"  # host -> GPU
+    STORE = "store"  # down a tier: GPU -> host, host -> a tier below
+    LOAD = "load"  # up a tier: host -> GPU, a tier below -> host
 
 
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
-    """A job that has finished: what it moved, and the device time it took (0 where untimed)."""
+    """A job that has finished: what it moved, and the time it took (0 where untimed).
+
+    `failed_keys` names the chunks a tier job could not move (a tier fails chunk by chunk; the
+    data path moves a job whole or not at all, and leaves it empty).
+    """
 
     job_id: Hashable
     direction: Direction
     success: bool
     nbytes: int
     seconds: float
+    failed_keys: tuple[Hashable, ...] = ()
 
 
 JobDoneCallback = Callable[[FinishedJob], None]

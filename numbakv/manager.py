@@ -446,6 +446,31 @@ class CPUOffloadingManager:
             self._free_slots += block_ids
             self._failed_store_blocks += len(pending)
 
+    def remove(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """Forget ready blocks that no load is reading, because their bytes are gone (deleted or
+        found corrupt); returns the hashes forgotten, announced as removed.
+
+        Blocks being stored or read, and hashes not cached, are left as they are.
+        """
+        hashes = _hash_list(block_hashes)
+        try:
+            unique = dict.fromkeys(hashes)
+        except TypeError as error:
+            raise _hash_error("remove", hashes, error) from None
+        get, ref_counts = self._policy.get, self._ref_counts
+        removed = []
+        for block_hash in unique:
+            block_id = get(block_hash)
+            if block_id is not None and ref_counts[block_id] == 0:
+                self._policy.remove(block_hash)
+                ref_counts[block_id] = NOT_READY
+                self._free_slots.append(block_id)
+                removed.append(block_hash)
+        self._num_idle -= len(removed)
+        if removed and self._events is not None:
+            self._emit(removed, removed=True)
+        return removed
+
     # --- events, reset and stats ---
 
     def _emit(self, block_hashes: list[BlockHash], removed: bool) -> None:

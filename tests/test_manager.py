@@ -188,6 +188,26 @@ def test_failed_store_frees_slots_and_announces_nothing(manager):
     assert len(output.store_spec) == 2
 
 
+def test_remove_forgets_idle_ready_blocks_and_frees_their_slots(manager):
+    stored(manager, [1, 2, 3])
+    manager.prepare_load([2])
+    manager.prepare_store([4])
+    list(manager.take_events())
+    # 2 is being read, 4 being stored, 99 unknown: all left as they are.
+    assert manager.remove([1, 2, 4, 99, 1]) == [1]
+    assert [(e.block_hashes, e.removed) for e in manager.take_events()] == [([1], True)]
+    assert manager.lookup([1]) == 0 and manager.lookup([2, 3]) == 2
+    assert manager.is_being_stored(4)
+    stats = manager.stats()
+    assert (stats.used, stats.free, stats.being_read, stats.evicted_blocks) == (3, 1, 1, 0)
+    manager.complete_load([2])
+    assert manager.remove([2]) == [2]
+    # The freed slots are handed out again and the policy evicts only what is left.
+    manager.complete_store([4])
+    assert stored(manager, [5, 6]).block_hashes_evicted == []
+    assert stored(manager, [7]).block_hashes_evicted != []
+
+
 def test_complete_store_ignores_unknown_and_ready_hashes(manager):
     stored(manager, [1])
     manager.complete_store([1, 42])
@@ -195,7 +215,7 @@ def test_complete_store_ignores_unknown_and_ready_hashes(manager):
 
 
 @pytest.mark.parametrize(
-    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store"]
+    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store", "remove"]
 )
 @pytest.mark.parametrize("bad", [b"\x01\x02", "ab", 7])
 def test_a_lone_hash_instead_of_a_list_is_refused(manager, method, bad):

@@ -32,6 +32,7 @@ from numbakv.tools.cli import (
     positive_int,
     print_json,
 )
+from numbakv.tools.fleet_command import add_fleet_arguments, check_fleet, run_fleet, wants_fleet
 from numbakv.tools.planning import (
     BELADY_NOTE,
     Capacity,
@@ -115,6 +116,7 @@ def _parser() -> Parser:
     parser.add_argument(
         "--list-policies", action="store_true", help="list the policies --policy accepts and exit"
     )
+    add_fleet_arguments(parser)
     return parser
 
 
@@ -183,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _list_policies(args.json)
         return 0
     plan = _check(parser, args)
+    fleet = check_fleet(parser, args, plan.policies, plan.capacities) if wants_fleet(args) else None
     text = sys.stderr if args.json else sys.stdout
     source = args.trace or BUILT_IN
     try:
@@ -196,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: argument TRACE: {error}\n")
     except KeyboardInterrupt:
         return interrupted(parser.prog, "while reading the trace; nothing was replayed")
+    if fleet is not None:
+        return run_fleet(parser, args, fleet, chains, source, total)
     status = 0
     try:
         results = replay_grid(

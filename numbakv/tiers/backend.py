@@ -1,0 +1,61 @@
+"""The contract of a store below host memory: whole values by key, nothing else.
+
+A backend knows its store (a directory, a Redis server) and how to move bytes to and from it; the
+tier around it (`numbakv.tiers.tier.ChunkTier`) adds headers, checks, threads and job reporting,
+the same for every backend. Every method takes a batch, so a networked store answers a batch in
+one round trip.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class BackendUnavailable(Exception):
+    """The store cannot be reached now; callers treat it as a miss or a failed job."""
+
+
+class StoredValue(NamedTuple):
+    """What `read_into` found for one key: its header bytes and how many payload bytes it held."""
+
+    header: bytes
+    payload_bytes: int
+
+
+class ChunkBackend(ABC):
+    """Stores values (a header, then a payload) under byte-string keys, in batches."""
+
+    @abstractmethod
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        """Which keys hold a value (one round trip for a networked store)."""
+
+    @abstractmethod
+    def write(
+        self, keys: Sequence[bytes], headers: Sequence[bytes], payloads: Sequence[memoryview]
+    ) -> list[bool]:
+        """Store header + payload under each key; False where the store refused it (full).
+
+        A value becomes visible whole or not at all: a reader never sees a half-written one.
+        """
+
+    @abstractmethod
+    def read_into(
+        self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
+    ) -> list[StoredValue | None]:
+        """Copy each key's payload into `payloads[i]` (at most its length); None where absent.
+
+        The first `header_bytes` of a value are its header, returned as is for the caller to check.
+        """
+
+    @abstractmethod
+    def delete(self, keys: Sequence[bytes]) -> None:
+        """Remove the keys' values, if present."""
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark the keys as used now, the first as the most recent, for a store that evicts by
+        its own policy (the disk tier); in memory only, never I/O. Others ignore it."""
+
+    def close(self) -> None:
+        """Release connections, files and threads."""

@@ -1,0 +1,351 @@
+"""`ChunkTier`: chunks move between host-pool rows and a backend, off the caller's thread.
+
+One row of the host pool is one chunk, one key one value. What every backend shares lives here: the
+header written with each payload and checked before a loaded chunk counts, the threads that keep
+I/O off the engine's step, a deadline on lookups (late is a miss), a circuit breaker that stops
+calling a store found unreachable, jobs reported as `FinishedJob`s, and the rule that a chunk whose
+load failed is not found again until it is stored anew.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
+from dataclasses import dataclass, field
+from queue import SimpleQueue
+
+import numpy as np
+
+from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
+from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend
+from numbakv.tiers.breaker import CircuitBreaker
+from numbakv.tiers.chunk_format import (
+    HEADER_BYTES,
+    CorruptChunk,
+    encode_header,
+    parse_header,
+    verify,
+)
+from numbakv.tiers.namespace import Namespace
+
+logger = logging.getLogger("numbakv.tiers")
+
+DEFAULT_LOOKUP_DEADLINE_S = 0.005
+DEFAULT_IO_THREADS = 4
+DEFAULT_BREAKER_COOLDOWN_S = 5.0
+
+
+@dataclass(slots=True)
+class Latency:
+    """A histogram of durations: counts per bucket of `DURATION_BUCKETS_SECONDS` (the last past
+    every bound, not cumulative) and their sum."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
+    seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS_SECONDS, seconds)] += 1
+        self.seconds += seconds
+
+
+@dataclass
+class TierCounters:
+    """Running totals since the tier started; metrics read them, nothing resets them."""
+
+    lookups: int = 0
+    lookup_hits: int = 0
+    late_lookups: int = 0  # answered as misses at the deadline
+    loaded_own: int = 0  # chunks loaded that this writer stored
+    loaded_other: int = 0  # chunks loaded that another writer stored
+    loaded_bytes: int = 0
+    stored: int = 0
+    stored_bytes: int = 0
+    dropped_stores: int = 0  # refused by the store (full) or failed
+    integrity_failures: int = 0  # values whose header did not match: deleted, never loaded
+    unavailable: int = (
+        0  # calls that found the store unreachable, or skipped while the breaker was open
+    )
+    breaker_opens: int = 0
+    lookup_latency: Latency = field(default_factory=Latency)  # one per batched lookup answered
+    load_latency: Latency = field(default_factory=Latency)  # one per load job
+    store_latency: Latency = field(default_factory=Latency)  # one per store job
+
+
+class ChunkTier:
+    """A tier below host memory over one `ChunkBackend`, reading and writing `host_pool` rows.
+
+    `host_pool` is a 2-D uint8 array, one row per chunk (a view of the host tier's memory, never a
+    copy); `namespace` is checked in every value loaded; `writer_id` (8 bytes, random by default)
+    tells this engine's writes from others'. After a call finds the store unreachable, the tier
+    stops calling it for `breaker_cooldown_s` (lookups are misses, jobs fail), then probes it.
+    """
+
+    def __init__(
+        self,
+        backend: ChunkBackend,
+        host_pool: np.ndarray,
+        namespace: Namespace,
+        *,
+        writer_id: bytes | None = None,
+        io_threads: int = DEFAULT_IO_THREADS,
+        lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S,
+        breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S,
+        on_job_done: JobDoneCallback | None = None,
+    ) -> None:
+        if not (
+            isinstance(host_pool, np.ndarray)
+            and host_pool.dtype == np.uint8
+            and host_pool.ndim == 2
+            and host_pool.flags.c_contiguous
+        ):
+            raise ValueError(
+                "host_pool must be a C-contiguous 2-D uint8 array (one row per chunk), got "
+                f"{type(host_pool).__name__} {getattr(host_pool, 'dtype', '')} "
+                f"{getattr(host_pool, 'shape', '')}"
+            )
+        writer_id = os.urandom(8) if writer_id is None else writer_id
+        if not isinstance(writer_id, bytes) or len(writer_id) != 8:
+            raise ValueError(f"writer_id must be 8 bytes, got {writer_id!r}")
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
+        if not lookup_deadline_s > 0:
+            raise ValueError(f"lookup_deadline_s must be > 0 seconds, got {lookup_deadline_s!r}")
+        self._breaker = CircuitBreaker(breaker_cooldown_s, type(backend).__name__)
+        self.backend = backend
+        self.namespace = namespace
+        self.writer_id = writer_id
+        self.lookup_deadline_s = lookup_deadline_s
+        self.counters = TierCounters()
+        self._pool = host_pool
+        self._namespace_digest = namespace.digest
+        self._on_job_done = on_job_done
+        self._unloadable: set[bytes] = set()  # failed loads, until stored anew
+        self._lock = threading.Lock()
+        self._finished: SimpleQueue[FinishedJob] = SimpleQueue()
+        self._pending: set[Future] = set()
+        # Lookups get their own thread, so they never wait behind a transfer.
+        self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
+        self._io_threads = ThreadPoolExecutor(io_threads, thread_name_prefix="numbakv-tier-io")
+        logger.info("numbakv tier over %s: %s", type(backend).__name__, namespace.describe())
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._pool.shape[1]
+
+    @property
+    def breaker_open(self) -> bool:
+        """Whether the tier has stopped calling its store, found unreachable."""
+        return self._breaker.is_open
+
+    def lookup(self, keys: Sequence[bytes]) -> Future[list[bool]]:
+        """Start a batched lookup; its future holds which keys are there to load."""
+        keys = _checked_keys(keys)
+        return self._lookup_thread.submit(self._lookup, keys)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Which keys are there, answered within the deadline: a late or failed lookup is misses."""
+        future = self.lookup(keys)
+        try:
+            return future.result(timeout=self.lookup_deadline_s)
+        except TimeoutError:
+            with self._lock:
+                self.counters.late_lookups += 1
+            return [False] * len(keys)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark the keys as used now, the first as the most recent, on the caller's thread: the
+        backend keeps recency in memory (its policy's), or ignores it."""
+        self.backend.touch(_checked_keys(keys))
+
+    def submit_store(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
+        """Store the chunks in host-pool `rows` under `keys`; the rows must not change until done."""
+        keys, rows = self._checked_job(keys, rows)
+        self._submit(self._store, job_id, keys, rows)
+
+    def submit_load(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
+        """Load the chunks stored under `keys` into host-pool `rows`, each checked first."""
+        keys, rows = self._checked_job(keys, rows)
+        if len(set(rows.tolist())) != len(rows):
+            raise ValueError("rows of a load must be distinct: two chunks cannot land in one row")
+        self._submit(self._load, job_id, keys, rows)
+
+    def take_finished(self) -> list[FinishedJob]:
+        """The jobs finished since the last call."""
+        finished = []
+        while not self._finished.empty():
+            finished.append(self._finished.get())
+        return finished
+
+    def drain(self) -> None:
+        """Wait until every submitted job has finished (its result waits in `take_finished`)."""
+        while True:
+            with self._lock:
+                pending = list(self._pending)
+            if not pending:
+                return
+            for future in pending:
+                future.exception()  # waits; jobs report their own failures
+
+    def close(self) -> None:
+        """Finish every submitted job, then release the threads and the backend."""
+        self.drain()
+        self._lookup_thread.shutdown()
+        self._io_threads.shutdown()
+        self.backend.close()
+
+    def _checked_job(
+        self, keys: Sequence[bytes], rows: Sequence[int]
+    ) -> tuple[list[bytes], np.ndarray]:
+        keys = _checked_keys(keys)
+        rows = np.asarray(rows)
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or len(rows) != len(keys):
+            raise ValueError(
+                f"rows must be a 1-D integer sequence as long as keys ({len(keys)}), got "
+                f"{rows.dtype} {rows.shape}"
+            )
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self._pool)):
+            raise ValueError(
+                f"rows must lie in [0, {len(self._pool)}), got {rows.min()}..{rows.max()}"
+            )
+        return keys, rows.astype(np.int64)
+
+    def _submit(self, work, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
+        future = self._io_threads.submit(work, job_id, keys, rows)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def _call(self, method, *args):
+        """Call the backend through the breaker; BackendUnavailable when it is open or the store
+        is unreachable (counted)."""
+        if not self._breaker.allow():
+            with self._lock:
+                self.counters.unavailable += 1
+            raise BackendUnavailable("breaker open")
+        try:
+            result = method(*args)
+        except BackendUnavailable as error:
+            self._breaker.failed(error)
+            with self._lock:
+                self.counters.unavailable += 1
+                self.counters.breaker_opens = self._breaker.opened
+            raise
+        self._breaker.succeeded()
+        return result
+
+    def _lookup(self, keys: list[bytes]) -> list[bool]:
+        start = time.perf_counter()
+        found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
+        with self._lock:
+            found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
+            self.counters.lookups += len(keys)
+            self.counters.lookup_hits += sum(found)
+            self.counters.lookup_latency.observe(time.perf_counter() - start)
+        return found
+
+    def _ask_backend(self, method, failed_answer, *args):
+        """`method(*args)` through the breaker, or `failed_answer` when the store fails: a tier
+        never fails its caller."""
+        try:
+            return self._call(method, *args)
+        except BackendUnavailable:
+            pass  # counted by _call
+        except Exception:
+            logger.exception("numbakv tier: %s failed", method.__name__)
+        return failed_answer
+
+    def _store(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
+        start = time.perf_counter()
+        payloads = [memoryview(self._pool[row]) for row in rows]
+        headers = [
+            encode_header(self._namespace_digest, self.writer_id, p, key)
+            for key, p in zip(keys, payloads)
+        ]
+        written = self._ask_backend(
+            self.backend.write, [False] * len(keys), keys, headers, payloads
+        )
+        stored = [key for key, ok in zip(keys, written) if ok]
+        with self._lock:
+            self._unloadable.difference_update(stored)
+            self.counters.stored += len(stored)
+            self.counters.stored_bytes += len(stored) * self.chunk_bytes
+            self.counters.dropped_stores += len(keys) - len(stored)
+        failed = tuple(key for key, ok in zip(keys, written) if not ok)
+        self._report(job_id, Direction.STORE, keys, failed, start)
+
+    def _load(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
+        start = time.perf_counter()
+        payloads = [memoryview(self._pool[row]) for row in rows]
+        values = self._ask_backend(
+            self.backend.read_into, [None] * len(keys), keys, payloads, HEADER_BYTES
+        )
+        failed, corrupt, own, other = [], [], 0, 0
+        for key, payload, value in zip(keys, payloads, values):
+            if value is None:
+                failed.append(key)
+                continue
+            try:
+                header = parse_header(value.header)
+                verify(header, self._namespace_digest, payload, value.payload_bytes, key)
+            except CorruptChunk as error:
+                logger.warning(
+                    "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
+                )
+                failed.append(key)
+                corrupt.append(key)
+                continue
+            if header.writer == self.writer_id:
+                own += 1
+            else:
+                other += 1
+        if corrupt:  # if the delete fails, the next reader's check catches them again
+            self._ask_backend(self.backend.delete, None, corrupt)
+        with self._lock:
+            self._unloadable.update(failed)
+            self.counters.integrity_failures += len(corrupt)
+            self.counters.loaded_own += own
+            self.counters.loaded_other += other
+            self.counters.loaded_bytes += (own + other) * self.chunk_bytes
+        self._report(job_id, Direction.LOAD, keys, tuple(failed), start)
+
+    def _report(
+        self, job_id: Hashable, direction: Direction, keys: list[bytes], failed: tuple, start: float
+    ) -> None:
+        moved = len(keys) - len(failed)
+        seconds = time.perf_counter() - start
+        latency = (
+            self.counters.load_latency
+            if direction is Direction.LOAD
+            else self.counters.store_latency
+        )
+        with self._lock:
+            latency.observe(seconds)
+        job = FinishedJob(
+            job_id,
+            direction,
+            success=not failed,
+            nbytes=moved * self.chunk_bytes,
+            seconds=seconds,
+            failed_keys=failed,
+        )
+        if self._on_job_done is not None:
+            self._on_job_done(job)
+        self._finished.put(job)
+
+
+def _checked_keys(keys: Sequence[bytes]) -> list[bytes]:
+    keys = list(keys)
+    for key in keys:
+        if not isinstance(key, bytes) or not key:
+            raise ValueError(f"keys must be non-empty bytes, got {key!r}")
+    return keys

@@ -1,0 +1,295 @@
+"""Replaying a trace through a fleet: N engines, each with its own host tier and optional disk
+tier, over one optional shared tier; hits counted by the tier that served them.
+
+Every tier is a numbakv `CPUOffloadingManager` with a policy, bounded by its capacity in blocks.
+Tiering follows vLLM's: a host miss found in a lower tier (own disk first, then the shared tier)
+is a hit and is promoted into host memory; what the engine computes is stored in host memory and
+reaches the lower tiers either by demotion (a block evicted from host memory moves to the next
+tier down, from disk to the shared tier) or by write-through (stored in every tier at once, as
+vLLM 0.32's TieringOffloadingManager does). After the promotions, host memory replays the request
+as the one-engine replay does (`numbakv.tools.replay.replay_request`), so it follows that replay's
+semantics; with one engine and no lower tier a request is exactly one of its steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from numbakv.manager import CPUOffloadingManager
+from numbakv.tools.progress import Progress
+from numbakv.tools.replay import replay_request
+from numbakv.tools.routing import SESSION, route
+
+DEMOTE = "demote"
+WRITE_THROUGH = "write-through"
+TIERINGS = (DEMOTE, WRITE_THROUGH)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """One fleet to replay: capacities in blocks (per engine for host and disk; 0: no such tier)."""
+
+    engines: int
+    host_capacity: int
+    disk_capacity: int = 0
+    shared_capacity: int = 0
+    policy: str = "lru"
+    lower_policy: str = ""  # the disk and shared tiers' policy; "": the host's
+    tiering: str = DEMOTE
+    route: str = SESSION
+    store_threshold: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("engines", "host_capacity", "store_threshold"):
+            _check_whole(name, getattr(self, name), lowest=1)
+        for name in ("disk_capacity", "shared_capacity"):
+            _check_whole(name, getattr(self, name), lowest=0)
+        if self.tiering not in TIERINGS:
+            raise ValueError(
+                f"tiering: got {self.tiering!r}, expected one of {', '.join(TIERINGS)}"
+            )
+
+    @property
+    def lower_tiers_policy(self) -> str:
+        return self.lower_policy or self.policy
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """Block references of a fleet replay by where they were served from; `misses` were not."""
+
+    config: FleetConfig
+    requests: int
+    references: int
+    host_hits: int
+    disk_hits: int
+    shared_own_hits: int  # found in the shared tier, written there by the same engine
+    shared_other_hits: int  # found in the shared tier, written there by another engine
+    misses: int
+    disk_writes: int  # blocks written to the engines' disk tiers
+    shared_writes: int  # blocks written to the shared tier
+    requests_per_engine: tuple[int, ...]
+    seconds: float
+
+    @property
+    def hits(self) -> int:
+        return self.host_hits + self.disk_hits + self.shared_own_hits + self.shared_other_hits
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.references if self.references else 0.0
+
+
+class FleetInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a fleet replay. `results` holds the runs finished and, last, the one cut
+    short (its `requests` counts the requests it replayed)."""
+
+    def __init__(self, results: list[FleetResult]) -> None:
+        super().__init__()
+        self.results = results
+
+
+class _Engine:
+    """One engine's private tiers: host memory and, optionally, a disk."""
+
+    def __init__(self, host: CPUOffloadingManager, disk: CPUOffloadingManager | None) -> None:
+        self.host = host
+        self.disk = disk
+        self.requests = 0
+
+
+HOST, DISK, SHARED_OWN, SHARED_OTHER = "host", "disk", "shared_own", "shared_other"
+
+
+class Fleet:
+    """The tiers of a fleet and the per-request step that serves a request on one engine."""
+
+    def __init__(self, config: FleetConfig, slot_limit: int | None = None) -> None:
+        """`slot_limit` caps every tier's slots (a trace's block references: more never fill)."""
+
+        def tier(capacity: int, policy: str, **options: int | bool) -> CPUOffloadingManager:
+            slots = max(1, min(capacity, slot_limit)) if slot_limit else capacity
+            return CPUOffloadingManager(1, slots, cache_policy=policy, **options)
+
+        self.config = config
+        lower = config.lower_tiers_policy
+        has_lower = bool(config.disk_capacity or config.shared_capacity)
+        self.engines = [
+            _Engine(
+                # with lower tiers, host memory's events say what it stored and evicted
+                tier(
+                    config.host_capacity,
+                    config.policy,
+                    store_threshold=config.store_threshold,
+                    enable_events=has_lower,
+                ),
+                tier(config.disk_capacity, lower) if config.disk_capacity else None,
+            )
+            for _ in range(config.engines)
+        ]
+        self.shared = tier(config.shared_capacity, lower) if config.shared_capacity else None
+        self._writer: dict[int, int] = {}  # shared tier's block -> the engine that wrote it
+        self.served = dict.fromkeys((HOST, DISK, SHARED_OWN, SHARED_OTHER), 0)
+        self.misses = self.disk_writes = self.shared_writes = 0
+
+    def serve(self, engine_number: int, chain: Sequence[int]) -> None:
+        """One request on one engine: find its leading run of cached blocks tier by tier, promote
+        what the lower tiers held into host memory, then replay the request there as the
+        one-engine replay does (its hits, now all in host memory, and its computed tail)."""
+        engine = self.engines[engine_number]
+        engine.requests += 1
+        if engine.disk is None and self.shared is None:
+            hits, _ = replay_request(engine.host, chain)
+            self.served[HOST] += hits
+            self.misses += len(chain) - hits
+            return
+        found = self._locate(engine_number, chain)
+        for lower in (engine.disk, self.shared):
+            if lower is not None:
+                lower.touch(chain)
+        if any(tier != HOST for tier in found):
+            # naming the whole run spares its blocks already in host memory from the eviction
+            _, evicted, _ = _put(engine.host, chain[: len(found)])
+            if self.config.tiering == DEMOTE:
+                self._demote(engine_number, evicted)
+        list(engine.host.take_events())  # drop the promotion's: its blocks are below already
+        hits, _ = replay_request(engine.host, chain)  # all of `found`, unless promotion failed
+        for tier in found[:hits]:
+            self.served[tier] += 1
+        self.misses += len(chain) - hits
+        stored, evicted = [], []
+        for event in engine.host.take_events():
+            (evicted if event.removed else stored).extend(event.block_hashes)
+        if self.config.tiering == DEMOTE:
+            self._demote(engine_number, evicted)
+        else:
+            self._write_through(engine_number, stored)
+
+    def _locate(self, engine_number: int, chain: Sequence[int]) -> list[str]:
+        """The tier that holds each block of the request's leading run of cached blocks."""
+        host = self.engines[engine_number].host
+        found = [HOST] * host.lookup(chain)
+        while len(found) < len(chain):
+            tier = self._tier_below(engine_number, chain[len(found)])
+            if tier is None:
+                break
+            found.append(tier)
+            while len(found) < len(chain) and host.lookup(chain[len(found) : len(found) + 1]):
+                found.append(HOST)
+        return found
+
+    def _tier_below(self, engine_number: int, block: int) -> str | None:
+        """Which lower tier holds `block` for this engine: its disk first, then the shared tier."""
+        disk = self.engines[engine_number].disk
+        if disk is not None and disk.lookup((block,)):
+            return DISK
+        if self.shared is not None and self.shared.lookup((block,)):
+            return SHARED_OWN if self._writer[block] == engine_number else SHARED_OTHER
+        return None
+
+    def _demote(self, engine_number: int, evicted: Sequence[int]) -> None:
+        """Blocks evicted from host memory go to the engine's disk, and what that evicts (or
+        cannot take) to the shared tier."""
+        disk = self.engines[engine_number].disk
+        if disk is not None and evicted:
+            written, disk_evicted, refused = _put(disk, evicted)
+            self.disk_writes += len(written)
+            evicted = disk_evicted + refused
+        self._put_shared(engine_number, evicted)
+
+    def _write_through(self, engine_number: int, stored: Sequence[int]) -> None:
+        """Blocks just stored in host memory are stored in every lower tier too."""
+        disk = self.engines[engine_number].disk
+        if disk is not None and stored:
+            self.disk_writes += len(_put(disk, stored)[0])
+        self._put_shared(engine_number, stored)
+
+    def _put_shared(self, engine_number: int, blocks: Sequence[int]) -> None:
+        if self.shared is None or not blocks:
+            return
+        stored, evicted, _ = _put(self.shared, blocks)
+        self.shared_writes += len(stored)
+        for block in evicted:
+            del self._writer[block]
+        for block in stored:
+            self._writer[block] = engine_number
+
+    def result(self, seconds: float) -> FleetResult:
+        return FleetResult(
+            config=self.config,
+            requests=sum(engine.requests for engine in self.engines),
+            references=sum(self.served.values()) + self.misses,
+            host_hits=self.served[HOST],
+            disk_hits=self.served[DISK],
+            shared_own_hits=self.served[SHARED_OWN],
+            shared_other_hits=self.served[SHARED_OTHER],
+            misses=self.misses,
+            disk_writes=self.disk_writes,
+            shared_writes=self.shared_writes,
+            requests_per_engine=tuple(engine.requests for engine in self.engines),
+            seconds=seconds,
+        )
+
+
+def _put(manager: CPUOffloadingManager, blocks: Sequence[int]) -> tuple[list, list, list]:
+    """Store `blocks` (those not cached yet) in one tier: (stored, evicted, refused). A tier
+    refuses them all when it cannot free enough room for them (more than it holds)."""
+    if not blocks:
+        return [], [], []
+    plan = manager.prepare_store(blocks)
+    if plan is None:
+        return [], [], list(blocks)
+    manager.complete_store(plan.block_hashes_to_store)
+    return plan.block_hashes_to_store, plan.block_hashes_evicted, []
+
+
+def fleet_replay(
+    chains: Sequence[Sequence[int]], config: FleetConfig, progress: bool = False
+) -> FleetResult:
+    """Route the chains to the fleet's engines and serve them in order, one at a time.
+
+    `progress` reports on stderr; Ctrl-C raises FleetInterrupted with the partial result."""
+    return fleet_grid(chains, [config], progress)[0]
+
+
+def fleet_grid(
+    chains: Sequence[Sequence[int]], configs: Sequence[FleetConfig], progress: bool = False
+) -> list[FleetResult]:
+    """One fleet replay per config, in order; Ctrl-C raises FleetInterrupted with the runs
+    finished and the one cut short."""
+    slot_limit = max(1, sum(map(len, chains)))
+    routes: dict[tuple[int, str], list[int]] = {}
+    results: list[FleetResult] = []
+    with Progress("replaying", len(configs) * len(chains), "req", enabled=progress) as meter:
+        try:
+            for number, config in enumerate(configs, start=1):
+                meter.describe(f"fleet {number} of {len(configs)}")
+                key = (config.engines, config.route)
+                if key not in routes:
+                    routes[key] = route(chains, config.engines, config.route)
+                results.append(_replay_one(chains, routes[key], Fleet(config, slot_limit), meter))
+        except FleetInterrupted as cut_short:
+            raise FleetInterrupted(results + cut_short.results) from None
+        except KeyboardInterrupt:  # between two runs
+            raise FleetInterrupted(results) from None
+    return results
+
+
+def _replay_one(
+    chains: Sequence[Sequence[int]], engines: Sequence[int], fleet: Fleet, meter: Progress
+) -> FleetResult:
+    started = time.perf_counter()
+    try:
+        for engine_number, chain in zip(engines, chains):
+            fleet.serve(engine_number, chain)
+            meter.update()
+    except KeyboardInterrupt:
+        raise FleetInterrupted([fleet.result(time.perf_counter() - started)]) from None
+    return fleet.result(time.perf_counter() - started)
+
+
+def _check_whole(name: str, value: object, lowest: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
+        raise ValueError(f"{name}: got {value!r}, expected a whole number >= {lowest}")
