@@ -23,7 +23,7 @@ class RequestAccess:
     own insertions), `store_misses` the new blocks the policy has been shown once already;
     `touched` whether a policy that touches before storing has had its touch. `positions`, where
     the engine knows them (vLLM 0.33), gives the token position each block ends at: LRU then
-    ranks the blocks of a running request by it (docs/POLICIES.md).
+    ranks the blocks of a running request by it (docs/MANAGER.md, "Requests").
     Made by `CPUOffloadingManager.begin_request`; valid until that manager's next `reset_cache`.
     """
 
