@@ -18,6 +18,7 @@ from tests.servers import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
+OPENSSL = shutil.which("openssl")
 
 needs_redis = pytest.mark.skipif(
     REDIS_SERVER is None or REDIS_CLI is None,
@@ -33,16 +34,24 @@ class RedisServer:
     config: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    tls_cert: str | None = None  # serve TLS only, with this self-signed certificate (key beside)
 
     @property
     def url(self) -> str:
+        if self.tls_cert:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls_cert}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        ports = ["--port", str(self.port)]
+        if self.tls_cert:
+            key = os.path.join(os.path.dirname(self.tls_cert), "key.pem")
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls_cert]
+            ports += ["--tls-key-file", key, "--tls-ca-cert-file", self.tls_cert]
+            ports += ["--tls-auth-clients", "no"]
         args = [
             REDIS_SERVER,
-            "--port",
-            str(self.port),
+            *ports,
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -67,6 +76,8 @@ class RedisServer:
 
     def cli(self, *command: str, check: bool = True) -> str:
         args = [REDIS_CLI, "-p", str(self.port), "--no-auth-warning"]
+        if self.tls_cert:
+            args += ["--tls", "--cacert", self.tls_cert]
         password = dict(zip(self.config[::2], self.config[1::2])).get("--requirepass")
         if password:
             args += ["-a", password]
@@ -99,6 +110,26 @@ def cluster_port() -> int:
             with contextlib.suppress(OSError), socket.socket() as bus:
                 bus.bind(("127.0.0.1", port + 10000))
                 return port
+
+
+@contextlib.contextmanager
+def redis_tls_server(directory: str) -> Iterator[RedisServer]:
+    """A started server speaking TLS only, its certificate self-signed for 127.0.0.1 by openssl."""
+    cert = os.path.join(directory, "cert.pem")
+    subprocess.run(
+        [OPENSSL, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", os.path.join(directory, "key.pem"), "-out", cert]
+        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    server = RedisServer(directory, ("--maxmemory-policy", "allkeys-lru"), tls_cert=cert)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @contextlib.contextmanager

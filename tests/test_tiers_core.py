@@ -366,3 +366,13 @@ def test_latency_histograms_count_lookups_and_jobs():
     assert sum(counters.lookup_latency.buckets) == 1
     assert sum(counters.store_latency.buckets) == sum(counters.load_latency.buckets) == 1
     assert counters.lookup_latency.seconds > 0
+
+
+def test_close_lets_the_host_memory_owner_release_its_buffer():
+    memory = memoryview(bytearray(8 * CHUNK_BYTES))
+    pool = np.frombuffer(memory, dtype=np.uint8).reshape(8, CHUNK_BYTES)
+    tier = tier_over(DictBackend(), pool)
+    del pool
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.close()
+    memory.release()  # BufferError while the tier still held a view of it

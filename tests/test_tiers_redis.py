@@ -15,7 +15,14 @@ from redis.exceptions import AuthenticationError
 from numbakv.tiers import ChunkTier
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.redis import RedisBackend, RedisSettings, redacted
-from tests.redis_servers import needs_redis, redis_cluster, redis_server
+from tests.redis_servers import (
+    OPENSSL,
+    RedisServer,
+    needs_redis,
+    redis_cluster,
+    redis_server,
+    redis_tls_server,
+)
 from tests.test_tiers_core import namespace
 
 pytestmark = needs_redis
@@ -246,3 +253,34 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
 def test_bad_settings_are_named(settings, named):
     with pytest.raises((ValueError, TypeError), match=named):
         RedisSettings.from_mapping(settings)
+
+
+def test_a_cluster_that_does_not_answer_at_start_stops_the_engine_saying_so():
+    with pytest.raises(RuntimeError, match="did not answer at start"):
+        tier("redis://127.0.0.1:1/0", pool(2, 15), cluster=True)
+
+
+def test_a_standalone_server_down_at_start_is_served_around(tmp_path):
+    server = RedisServer(str(tmp_path))
+    chunk_tier = tier(server.url, pool(2, 16), breaker_cooldown_s=0.1)
+    assert chunk_tier.contains(KEYS[:1]) == [False] and chunk_tier.breaker_open
+    server.start()
+    try:
+        time.sleep(0.15)
+        assert run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:1], [0]).success
+    finally:
+        server.kill()
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed (to make a certificate)")
+def test_tls_with_an_acl_user(tmp_path):
+    with redis_tls_server(str(tmp_path)) as server:
+        server.cli("ACL", "SETUSER", "engine", "on", ">pw-of-engine", "~numbakv:*", "+@all")
+        url = server.url.replace("rediss://", "rediss://engine:pw-of-engine@")
+        writer, reader = tier(url, pool(4, 17)), tier(url, pool(4, 18))
+        assert run(writer, writer.submit_store, 1, KEYS[:4], range(4)).success
+        assert run(reader, reader.submit_load, 2, KEYS[:4], range(4)).success
+        np.testing.assert_array_equal(reader._pool, writer._pool)
+        plain = f"redis://engine:pw-of-engine@127.0.0.1:{server.port}/0"
+        refused = tier(plain, pool(1, 19), socket_timeout_s=0.3)  # no TLS: no answer
+        assert refused.contains(KEYS[:1]) == [False] and refused.breaker_open

@@ -49,8 +49,12 @@ def server(tmp_path):
         yield started
 
 
-def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog):
+def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog, tmp_path):
+    from numbakv.service.metrics_dir import MetricsDirectory
+
     config = redis_tier(server.url, lookup_deadline_s=0.5)
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
     shared, own = keys_of("shared", 12), keys_of("own", 4)
     writer = subprocess.run(
         [sys.executable, "-m", "tests.tier_engine", "--engine-id", "writer-engine"]
@@ -60,9 +64,16 @@ def test_two_engines_in_two_processes_share_a_prefix_byte_exact(server, caplog):
         text=True,
         timeout=120,
         check=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        env={**os.environ, "PYTHONPATH": ROOT, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
     )
     assert json.loads(writer.stdout.splitlines()[-1]) == {"stored": 12}
+    written = {
+        (sample.name, sample.labels.get("tier"))
+        for metric in MetricsDirectory(str(metrics_dir)).read().metrics
+        for sample in metric.samples
+        if sample.name == "numbakv_tier_stored_chunks_total" and sample.value == 12
+    }
+    assert written == {("numbakv_tier_stored_chunks_total", "NumbaKVRedisTier")}
 
     with caplog.at_level(logging.INFO, "numbakv.tiers"):
         reader = engine("reader-engine", config)
@@ -130,3 +141,19 @@ def test_a_bad_or_unknown_setting_stops_the_engine_naming_it(server, settings, n
         named = "url"
     with pytest.raises((ValueError, TypeError), match=named):
         engine("bad-engine", config).get_manager()
+
+
+def test_stored_chunks_are_kv_events_and_promotions_are_not(server):
+    from vllm.v1.kv_offload.base import Medium
+
+    config = redis_tier(server.url, lookup_deadline_s=0.5, enable_kv_events=True)
+    writer = engine("events-writer", config, kv_events=True)
+    keys = keys_of("ev", 3)
+    store(writer, "w", keys)
+    mine = [e for e in writer.get_manager().take_events() if e.medium is Medium.STORAGE]
+    assert [(sorted(e.keys), e.removed) for e in mine] == [(sorted(keys), False)]
+    reader = engine("events-reader", config, kv_events=True)
+    assert set(lookup_until_resolved(reader, "r", keys).values()) == {LookupResult.HIT}
+    assert not [e for e in reader.get_manager().take_events() if e.medium is Medium.STORAGE]
+    writer.get_manager().shutdown()
+    reader.get_manager().shutdown()

@@ -20,11 +20,14 @@ CHUNK_BYTES = 4096
 STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 
 
-def engine(engine_id: str, tier_config: dict, cpu_chunks: int = 64) -> TieringOffloadingSpec:
+def engine(
+    engine_id: str, tier_config: dict, cpu_chunks: int = 64, kv_events: bool = False
+) -> TieringOffloadingSpec:
     """A tiering spec with `tier_config` as its one secondary tier, under its own engine id."""
     extra = {"cpu_bytes_to_use": cpu_chunks * CHUNK_BYTES, "secondary_tiers": [tier_config]}
     config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
-    return TieringOffloadingSpec(dataclasses.replace(config, engine_id=engine_id))
+    config = dataclasses.replace(config, engine_id=engine_id, enable_kv_cache_events=kv_events)
+    return TieringOffloadingSpec(config)
 
 
 def chunk_bytes(key: bytes) -> np.ndarray:

@@ -28,7 +28,13 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.retry import Retry
 
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
@@ -37,6 +43,8 @@ logger = logging.getLogger("numbakv.tiers")
 
 SCHEMES = ("redis", "rediss")
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
+# What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
+_UNREACHABLE = (RedisError, RedisClusterException, OSError)
 # Policies under which a full server refuses writes to keys without a TTL.
 _REFUSING_POLICIES = (
     "noeviction",
@@ -179,39 +187,49 @@ class RedisBackend(ChunkBackend):
         self._client.close()
 
     def _pipelined(self, command, keys: Sequence[bytes]) -> list:
-        """`command(pipeline, full key, index in keys)` per key, pipelined: one round trip per server. A command's error is its
-        reply; so is a cluster node's unreachability for its keys (the other nodes' keys still
-        move); a store entirely unreachable is BackendUnavailable."""
+        """`command(pipeline, full key, index in keys)` per key, pipelined: one round trip per
+        server. A command's error is its reply; so is a cluster node's unreachability for its
+        keys (the other nodes' keys still move); a store entirely unreachable is
+        BackendUnavailable."""
         if not keys:
             return []
         if not self.settings.cluster:
             return self._pipeline_on(self._client, command, keys, range(len(keys)))
+        replies: list = [None] * len(keys)
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for index, key in enumerate(keys):
-            node = self._client.get_node_from_key(self._prefix + key)
+            try:
+                node = self._client.get_node_from_key(self._prefix + key)
+            except _UNREACHABLE as error:  # its slot is served by no node now
+                replies[index] = BackendUnavailable(str(error))
+                continue
             nodes[node.name] = node
             by_node.setdefault(node.name, []).append(index)
-        replies: list = [None] * len(keys)
-        down = 0
+        answered = 0
         for name, indexes in by_node.items():
             server = self._client.get_redis_connection(nodes[name])
             try:
                 node_replies = self._pipeline_on(server, command, keys, indexes)
+                answered += 1
             except BackendUnavailable as error:
-                down += 1
                 node_replies = [error] * len(indexes)
             for index, reply in zip(indexes, node_replies):
                 replies[index] = reply
-        if down == len(by_node):
+        if not answered:
             raise BackendUnavailable(
-                f"{redacted(self.settings.url)}: every node of the batch is unreachable"
+                f"{redacted(self.settings.url)}: no node of the batch answered"
             )
-        if down or any(
-            isinstance(reply, ResponseError) and "MOVED" in str(reply) for reply in replies
-        ):
-            self._client.nodes_manager.initialize()  # slots moved or a node failed over
+        if answered < len(by_node) or any(_moved(reply) for reply in replies):
+            self._refresh_slots()
         return replies
+
+    def _refresh_slots(self) -> None:
+        """Ask the cluster again which node serves which slots (a node failed, slots moved)."""
+        try:
+            self._client.nodes_manager.initialize()
+        except _UNREACHABLE as error:
+            logger.debug("numbakv Redis tier: cluster slots not refreshed: %s", error)
 
     def _pipeline_on(
         self,
@@ -225,7 +243,7 @@ class RedisBackend(ChunkBackend):
             for index in indexes:
                 command(pipe, self._prefix + keys[index], index)
             return pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as error:
+        except _UNREACHABLE as error:
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
 
     def _check_capacity_policy(self) -> None:
@@ -246,7 +264,7 @@ class RedisBackend(ChunkBackend):
                     error,
                 )
                 continue
-            except (RedisError, OSError) as error:
+            except _UNREACHABLE as error:
                 logger.warning(
                     "numbakv Redis tier: %s unreachable at start (%s): serving from host memory "
                     "until it answers; its eviction policy is not checked",
@@ -271,8 +289,8 @@ class RedisBackend(ChunkBackend):
 
 
 def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
-    """A client over a bounded pool, no retries (the tier's breaker handles a down store); raises
-    AuthenticationError (stops the engine) when the password is refused."""
+    """A client over a bounded pool, no retries (the tier's breaker handles a down store). Stops
+    the engine when the password is refused, or when no node of a cluster answers."""
     options: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
@@ -281,9 +299,15 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
     if urlsplit(settings.url).password is None and os.environ.get(settings.password_env):
         options["password"] = os.environ[settings.password_env]
     if settings.cluster:
-        client = RedisCluster.from_url(
-            settings.url, max_connections=settings.max_connections, **options
-        )
+        try:  # the client learns the cluster's slots now: it needs a node to answer
+            client = RedisCluster.from_url(
+                settings.url, max_connections=settings.max_connections, **options
+            )
+        except _UNREACHABLE as error:
+            raise RuntimeError(
+                f"Redis Cluster at {redacted(settings.url)} did not answer at start, so its "
+                f"slots are unknown: {error}"
+            ) from None
     else:
         pool = redis.BlockingConnectionPool.from_url(
             settings.url,
@@ -300,9 +324,14 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
             f"Redis at {redacted(settings.url)} refused the password (from the url or "
             f"{settings.password_env}): {error}"
         ) from None
-    except (RedisError, OSError):
+    except _UNREACHABLE:
         pass  # unreachable now: the tier serves from host memory until it answers
     return client
+
+
+def _moved(reply: object) -> bool:
+    """A cluster node's answer that another node serves the key (MOVED, or ASK while migrating)."""
+    return isinstance(reply, AskError)
 
 
 def _positive(value: object) -> bool:

@@ -72,6 +72,7 @@ class TierCounters:
         0  # calls that found the store unreachable, or skipped while the breaker was open
     )
     breaker_opens: int = 0
+    breaker_open: int = 0  # 1 while the breaker is open: a gauge among the totals
     lookup_latency: Latency = field(default_factory=Latency)  # one per batched lookup answered
     load_latency: Latency = field(default_factory=Latency)  # one per load job
     store_latency: Latency = field(default_factory=Latency)  # one per store job
@@ -193,11 +194,13 @@ class ChunkTier:
                 future.exception()  # waits; jobs report their own failures
 
     def close(self) -> None:
-        """Finish every submitted job, then release the threads and the backend."""
+        """Finish every submitted job, then release the threads, the backend and the host pool
+        (a view of the host tier's memory, which its owner can then unmap)."""
         self.drain()
         self._lookup_thread.shutdown()
         self._io_threads.shutdown()
         self.backend.close()
+        self._pool = None
 
     def _checked_job(
         self, keys: Sequence[bytes], rows: Sequence[int]
@@ -239,8 +242,10 @@ class ChunkTier:
             with self._lock:
                 self.counters.unavailable += 1
                 self.counters.breaker_opens = self._breaker.opened
+                self.counters.breaker_open = 1
             raise
         self._breaker.succeeded()
+        self.counters.breaker_open = 0
         return result
 
     def _lookup(self, keys: list[bytes]) -> list[bool]:

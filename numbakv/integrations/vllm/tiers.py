@@ -38,6 +38,7 @@ from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from numbakv.jobs import Direction
+from numbakv.metrics import OffloadMetrics, metrics_enabled, multiprocess_mode
 from numbakv.tiers import ChunkBackend, ChunkTier, Namespace
 from numbakv.tiers.tier import (
     DEFAULT_BREAKER_COOLDOWN_S,
@@ -142,6 +143,7 @@ class ChunkTierManager(SecondaryTierManager):
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
         self._events: list[OffloadingEvent] | None = [] if emit else None
         self._reported = TierCounters()  # what get_stats has reported so far
+        self._metrics = self._numbakv_metrics(offloading_spec)
 
     @classmethod
     @abstractmethod
@@ -188,7 +190,7 @@ class ChunkTierManager(SecondaryTierManager):
             moved = tuple(key for key in keys if key not in failed)
             if job.direction is Direction.LOAD and failed:
                 self._lookups.mark_miss(failed)
-            elif self._events is not None and moved:
+            elif job.direction is Direction.STORE and self._events is not None and moved:
                 self._events.append(
                     OffloadingEvent(
                         keys=list(moved), medium=self.medium, removed=False, locality=self.locality
@@ -229,6 +231,23 @@ class ChunkTierManager(SecondaryTierManager):
     def shutdown(self) -> None:
         self._lookups.shutdown()
         self.tier.close()
+        if self._metrics is not None:
+            self._metrics.close()
+
+    def _numbakv_metrics(self, offloading_spec: OffloadingSpec) -> OffloadMetrics | None:
+        """numbakv's tier metrics for numbakv-sidecar, written to PROMETHEUS_MULTIPROC_DIR once a
+        second (vLLM's own tiering metrics count the tier either way)."""
+        if not (metrics_enabled() and multiprocess_mode()):
+            return None
+        parallel = offloading_spec.config.parallel
+        prefix = (
+            f"vllm-dp{parallel.data_parallel_index}" if parallel.data_parallel_size > 1 else "vllm"
+        )
+        metrics = OffloadMetrics(
+            instance=f"{prefix}-scheduler", registry=None, tiers={self.tier_type: self.tier}
+        )
+        metrics.start_sync_thread(1.0)
+        return metrics
 
     @classmethod
     def build_metric_definitions(
