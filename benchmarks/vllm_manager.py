@@ -1,7 +1,7 @@
 """numbakv's vLLM adapter against vLLM 0.32's own CPU offloading manager, driven as vLLM drives it.
 
     python benchmarks/vllm_manager.py --trace TRACE.jsonl [--capacities 2000,10000,40000] \
-        [--repeats 3] [--out results/vllm_manager.json]
+        [--repeats 3] [--positions] [--out results/vllm_manager.json]
 
 Every request goes through the calls vLLM 0.32's OffloadingConnector makes of a manager, one
 request at a time: on_new_request; lookup, one key at a time, up to the first miss; prepare_load
@@ -12,7 +12,9 @@ and numbakv's adapter (`NumbaKVOffloadingManager`) with LRU and those three. Cos
 key reference, best of --repeats, the managers taking turns in one process. Targets: numbakv's LRU
 through the adapter at most 0.5x vLLM's LRU; each of numbakv's policies inside vLLM's manager
 within 0.001 of its hit ratio through the adapter. Without --trace, numbakv's built-in chat
-workload. Needs vLLM (pip install 'numbakv[vllm]').
+workload. `--positions` gives each request's context its keys' token positions, as vLLM's
+connector records them: vLLM 0.33's LRU (and numbakv's under 0.33) ranks a running request by
+them. Needs vLLM (pip install 'numbakv[vllm]').
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from vllm import __version__ as vllm_version
 from vllm.v1.kv_offload.base import LookupResult, OffloadingManager, OffloadKey, ReqContext
 from vllm_baseline import offload_chains, vllm_manager
 
@@ -33,10 +36,17 @@ from numbakv.tools.workloads import multi_turn_chat
 
 
 def connector_request(
-    manager: OffloadingManager, keys: Sequence[OffloadKey], request_id: str
+    manager: OffloadingManager,
+    keys: Sequence[OffloadKey],
+    request_id: str,
+    positions: bool = False,
 ) -> int:
-    """One request as vLLM 0.32's connector drives a manager; returns the keys hit."""
+    """One request as vLLM 0.32's connector drives a manager; returns the keys hit. With
+    `positions`, its context knows each key's end-token position (one token a key)."""
     context = ReqContext(req_id=request_id)
+    if positions:
+        for position, key in enumerate(keys, 1):
+            context.set_offload_key_position(key, position)
     manager.on_new_request(context)
     hits = 0
     for key in keys:
@@ -54,9 +64,11 @@ def connector_request(
     return hits
 
 
-def connector_replay(manager: OffloadingManager, chains: Sequence[Sequence[OffloadKey]]) -> int:
+def connector_replay(
+    manager: OffloadingManager, chains: Sequence[Sequence[OffloadKey]], positions: bool = False
+) -> int:
     """Every request in order through `manager`; returns the total hits."""
-    return sum(connector_request(manager, keys, str(i)) for i, keys in enumerate(chains))
+    return sum(connector_request(manager, keys, str(i), positions) for i, keys in enumerate(chains))
 
 
 def numbakv_manager(policy: str, capacity: int) -> NumbaKVOffloadingManager:
@@ -78,14 +90,14 @@ MANAGERS: dict[str, Callable[[int], OffloadingManager]] = {
 }
 
 
-def measure(chains, capacity: int, repeats: int) -> dict[str, dict]:
+def measure(chains, capacity: int, repeats: int, positions: bool) -> dict[str, dict]:
     """Best-of-`repeats` seconds and the hits of every manager, taking turns."""
     results: dict[str, dict] = {}
     for _ in range(repeats):
         for name, build in MANAGERS.items():
             manager = build(capacity)
             started = time.perf_counter()
-            hits = connector_replay(manager, chains)
+            hits = connector_replay(manager, chains, positions)
             seconds = time.perf_counter() - started
             best = results.setdefault(name, {"seconds": seconds, "hits": hits})
             best["seconds"] = min(best["seconds"], seconds)
@@ -97,6 +109,9 @@ def main() -> None:
     parser.add_argument("--trace", help="Mooncake-format jsonl trace (default: built-in chat)")
     parser.add_argument("--capacities", default="2000,10000,40000", help="blocks, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--positions", action="store_true", help="requests know their keys' token positions"
+    )
     parser.add_argument("--out", default="results/vllm_manager.json")
     args = parser.parse_args()
     if args.trace:
@@ -105,11 +120,14 @@ def main() -> None:
         source, chains = "built-in chat", [r.hash_ids for r in multi_turn_chat()]
     chains = offload_chains(chains)
     references = sum(map(len, chains))
-    print(f"{source}: {len(chains):,} requests, {references:,} key references")
+    print(
+        f"{source}: {len(chains):,} requests, {references:,} key references, vLLM "
+        f"{vllm_version}, positions {'on' if args.positions else 'off'}"
+    )
     print(f"{'capacity':>9}  {'manager':<15} {'ns/ref':>7} {'x vllm lru':>10} {'hit ratio':>9}")
     rows = []
     for capacity in (int(text) for text in args.capacities.split(",")):
-        results = measure(chains, capacity, args.repeats)
+        results = measure(chains, capacity, args.repeats, args.positions)
         baseline = results["vllm lru"]["seconds"]
         for name, r in results.items():
             print(
@@ -143,7 +161,14 @@ def main() -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"source": source, "repeats": args.repeats, "rows": rows}, indent=2))
+    summary = {
+        "source": source,
+        "vllm": vllm_version,
+        "positions": args.positions,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    out.write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}")
 
 

@@ -8,7 +8,7 @@ the blocks it may not evict (being stored, being read, named in the call), never
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,9 +174,25 @@ class CPUOffloadingManager:
 
     # --- requests ---
 
-    def begin_request(self) -> RequestAccess:
-        """A record for one request's loads and stores, to pass to them and to `finish_request`."""
-        return RequestAccess(self, self._generation)
+    def begin_request(
+        self, positions: Callable[[BlockHash], int | None] | None = None
+    ) -> RequestAccess:
+        """A record for one request's loads and stores, to pass to them and to `finish_request`;
+        `positions` gives each block's end-token position where the engine knows it."""
+        return RequestAccess(self, self._generation, positions=positions)
+
+    def _record(
+        self, request: RequestAccess, block_hashes: list[BlockHash], reused: list[BlockHash]
+    ) -> None:
+        """Note a request's blocks; with positions, show the policy those it names first."""
+        if request.positions is None:
+            request.record(block_hashes, reused)
+            return
+        seen = request.blocks
+        new = [block_hash for block_hash in dict.fromkeys(block_hashes) if block_hash not in seen]
+        request.record(block_hashes, reused)
+        if new:
+            self._policy.request_access(request, new)
 
     def is_current(self, request: RequestAccess) -> bool:
         """Whether the request was begun by this manager since its last `reset_cache`."""
@@ -258,7 +274,7 @@ class CPUOffloadingManager:
         self._num_being_read += newly_read
         self._loaded_blocks += len(block_ids)
         if request is not None and self.is_current(request):
-            request.record(hashes, hashes)
+            self._record(request, hashes, hashes)
         return HostBlocks(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -337,6 +353,8 @@ class CPUOffloadingManager:
         self._num_being_stored += len(to_store)
         if request is not None and self.is_current(request):
             request.inserted.update(to_store)
+            if request.positions is not None:
+                self._policy.request_inserted(request, to_store)
         return StorePlan(
             to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted, evicted_ids
         )
@@ -352,10 +370,10 @@ class CPUOffloadingManager:
         show the policy the request's new blocks it has not seen yet, and give a policy that
         touches before storing its one touch of the request."""
         if not ready:
-            request.record(to_store, ready)
+            self._record(request, to_store, ready)
         else:
             noted = set(to_store).union(ready)
-            request.record([h for h in offered if h in noted], ready)
+            self._record(request, [h for h in offered if h in noted], ready)
         misses = [h for h in to_store if h not in request.store_misses]
         if misses:
             self._policy.on_store_miss(misses)

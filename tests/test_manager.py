@@ -347,3 +347,20 @@ def test_policy_loaded_by_import_path():
     manager = CPUOffloadingManager(16, 2, cache_policy="tests.test_manager:MostRecentFirst")
     stored(manager, [1, 2])
     assert manager.prepare_store([3]).block_hashes_evicted == [2]
+
+
+def test_lru_ranks_a_running_requests_blocks_by_position_tails_first_where_it_knows_them():
+    """vLLM 0.33's order: while a request runs, the blocks it names rank together where it first
+    came, the tail the first to go; when it finishes they become recent, head first."""
+    manager = CPUOffloadingManager(block_size=16, num_blocks=4)
+    positions = {"head": 16, "middle": 32, "tail": 48}
+    running = manager.begin_request(positions.get)
+    for block in ("head", "tail", "middle"):  # stored out of order, as a backfill does
+        plan = manager.prepare_store([block], running)
+        manager.complete_store(plan.block_hashes_to_store)
+    stored(manager, ["other"])  # a later block, ranked after the running request
+    assert stored(manager, ["new"]).block_hashes_evicted == ["tail"]
+    manager.finish_request(running)  # head, middle: now the most recent, head first
+    assert stored(manager, ["newer"]).block_hashes_evicted == ["other"]
+    assert stored(manager, ["newest"]).block_hashes_evicted == ["new"]
+    assert stored(manager, ["last"]).block_hashes_evicted == ["middle"]
