@@ -68,9 +68,8 @@ class TierCounters:
     stored_bytes: int = 0
     dropped_stores: int = 0  # refused by the store (full) or failed
     integrity_failures: int = 0  # values whose header did not match: deleted, never loaded
-    unavailable: int = (
-        0  # calls that found the store unreachable, or skipped while the breaker was open
-    )
+    # Calls that found the store unreachable, or were skipped while the breaker was open.
+    unavailable: int = 0
     breaker_opens: int = 0
     breaker_open: int = 0  # 1 while the breaker is open: a gauge among the totals
     lookup_latency: Latency = field(default_factory=Latency)  # one per batched lookup answered
