@@ -268,6 +268,21 @@ def test_each_stores_allocation_is_observed_once():
     assert f"{M.CPU_ALLOCATION_SIZE}_count" not in _reduced(manager)  # reported once
 
 
+def test_a_store_refused_for_want_of_room_observes_what_it_asked_for():
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
+
+    manager = adapter(capacity=2)
+    context = ReqContext(req_id="r")
+    manager.prepare_store(keys(1, 2), context)  # both being stored: nothing can be evicted
+    _reduced(manager)
+    assert manager.prepare_store(keys(3, 4, 5), context) is None
+    reduced = _reduced(manager)
+    assert (reduced[f"{M.CPU_ALLOCATION_SIZE}_count"], reduced[f"{M.CPU_ALLOCATION_SIZE}_sum"]) == (
+        1,
+        3,
+    )
+
+
 def test_stores_skipped_by_the_threshold_are_counted_as_vllm_counts_them():
     from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
 
