@@ -59,10 +59,17 @@ def vllm_manager(policy: str, capacity: int, store_threshold: int = 1) -> CPUOff
 
 
 def replay_request(
-    manager: OffloadingManager, keys: Sequence[OffloadKey], request_id: str = "replay"
+    manager: OffloadingManager,
+    keys: Sequence[OffloadKey],
+    request_id: str = "replay",
+    positions: bool = False,
 ) -> tuple[int, int]:
-    """One request as vLLM 0.32's connector drives any manager; returns (keys hit, keys stored)."""
+    """One request as vLLM 0.32's connector drives any manager; returns (keys hit, keys stored).
+    With `positions`, its context knows each key's end-token position (one token a key)."""
     context = ReqContext(req_id=request_id)
+    if positions:
+        for position, key in enumerate(keys, 1):
+            context.set_offload_key_position(key, position)
     manager.on_new_request(context)
     hits = 0
     for key in keys:

@@ -2,7 +2,7 @@
 
     python benchmarks/vllm_manager.py [--trace TRACE] [--capacities 2000,10000,40000] \
         [--policies lru,arc,sarc,s3fifo,sieve] [--store-thresholds 1,2] [--repeats 3] \
-        [--out results/vllm_manager.json]
+        [--positions] [--out results/vllm_manager.json]
 
 Every request makes the calls vLLM 0.32's OffloadingConnector makes of a manager, one request at
 a time (`vllm_baseline.replay_request`: begin, look up key by key to the first miss, load the
@@ -14,7 +14,9 @@ written: hit ratios, keys stored, CPU time per key reference (best of --repeats,
 taking turns in one process; time.process_time, which leaves out the time the process waits for a
 core on a shared machine) and its ratio to vLLM's LRU at the same threshold. Checked: with
 LRU and ARC numbakv hits and stores exactly as vLLM does (exit status 1 where it does not).
-Without --trace, numbakv's built-in chat workload. Needs vLLM (docs/VLLM.md).
+Without --trace, numbakv's built-in chat workload. `--positions` gives each request's context its
+keys' token positions, as vLLM's connector records them: vLLM 0.33's LRU (and numbakv's under 0.33)
+ranks a running request by them. Needs vLLM (docs/VLLM.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from vllm import __version__ as vllm_version
 from vllm.v1.kv_offload.base import OffloadingManager, OffloadKey
 from vllm_baseline import offload_chains, replay_request, vllm_manager
 
@@ -45,11 +48,13 @@ class Totals(NamedTuple):
     stored: int
 
 
-def connector_replay(manager: OffloadingManager, chains: Sequence[Sequence[OffloadKey]]) -> Totals:
+def connector_replay(
+    manager: OffloadingManager, chains: Sequence[Sequence[OffloadKey]], positions: bool = False
+) -> Totals:
     """Every request in order through `manager`, as vLLM's connector drives it."""
     hits = stored = 0
     for i, keys in enumerate(chains):
-        hit, store = replay_request(manager, keys, str(i))
+        hit, store = replay_request(manager, keys, str(i), positions)
         hits += hit
         stored += store
     return Totals(hits, stored)
@@ -78,7 +83,9 @@ class Case(NamedTuple):
     store_threshold: int
 
 
-def measure(chains, capacity: int, cases: Sequence[Case], repeats: int) -> dict[Case, dict]:
+def measure(
+    chains, capacity: int, cases: Sequence[Case], repeats: int, positions: bool
+) -> dict[Case, dict]:
     """Best-of-`repeats` CPU seconds, hits and keys stored of every case, taking turns."""
     results: dict[Case, dict] = {}
     for _ in range(repeats):
@@ -86,7 +93,7 @@ def measure(chains, capacity: int, cases: Sequence[Case], repeats: int) -> dict[
             manager = BUILDERS[case.side](case.policy, capacity, case.store_threshold)
             gc.collect()
             started = time.process_time()
-            totals = connector_replay(manager, chains)
+            totals = connector_replay(manager, chains, positions)
             seconds = time.process_time() - started
             best = results.setdefault(case, {"seconds": seconds, **totals._asdict()})
             best["seconds"] = min(best["seconds"], seconds)
@@ -165,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default="lru,arc,sarc,s3fifo,sieve")
     parser.add_argument("--store-thresholds", type=_integers, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--positions", action="store_true", help="requests know their keys' token positions"
+    )
     parser.add_argument("--out", default="results/vllm_manager.json")
     args = parser.parse_args(argv)
     if args.trace:
@@ -174,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chains = offload_chains(chains)
     references = sum(map(len, chains))
     print(
-        f"{source}: {len(chains):,} requests, {references:,} key references; "
+        f"{source}: {len(chains):,} requests, {references:,} key references, vLLM "
+        f"{vllm_version}, positions {'on' if args.positions else 'off'}; "
         f"best of {args.repeats} CPU times"
     )
     cases = [
@@ -185,13 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     rows = []
     for capacity in args.capacities:
-        rows += rows_of(measure(chains, capacity, cases, args.repeats), capacity, references)
+        results = measure(chains, capacity, cases, args.repeats, args.positions)
+        rows += rows_of(results, capacity, references)
     print(format_table(rows))
     problems = check(rows)
     print("\n".join(problems) or "numbakv's LRU and ARC hit and store exactly as vLLM's")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"source": source, "repeats": args.repeats, "rows": rows}, indent=2))
+    summary = {
+        "source": source,
+        "vllm": vllm_version,
+        "positions": args.positions,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    out.write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}")
     return 1 if problems else 0
 

@@ -48,6 +48,11 @@ def _panel(
     return panel
 
 
+def _tier_quantile(what: str, q: float) -> prometheus.Dataquery:
+    buckets = _rate(f"numbakv_tier_{what}_duration_seconds_bucket", by="le, tier")
+    return _query(f"histogram_quantile({q}, {buckets})", f"{what} {{{{tier}}}} p{int(q * 100)}")
+
+
 def _quantile(q: float) -> prometheus.Dataquery:
     buckets = _rate("numbakv_transfer_duration_seconds_bucket", by="le, direction")
     return _query(f"histogram_quantile({q}, {buckets})", f"{{{{direction}}}} p{int(q * 100)}")
@@ -69,7 +74,7 @@ def _policy_panel(policy: str, title: str, description: str) -> timeseries.Panel
 
 def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
     """Rows of panels: cache effectiveness, transfer throughput and latency, host-pool and policy
-    state."""
+    state, the tiers below host memory (Redis, a disk)."""
     hits, misses = _rate("numbakv_hit_blocks_total"), _rate("numbakv_missed_blocks_total")
     cache = [
         _panel(
@@ -127,7 +132,67 @@ def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
         ),
         *(_policy_panel(policy, *text) for policy, text in POLICY_PANELS.items()),
     ]
-    return [("Cache", cache), ("Transfers", transfers), ("Host pool", pool)]
+    tier_hits, tier_lookups = (
+        _rate("numbakv_tier_lookup_hits_total", by="tier"),
+        _rate("numbakv_tier_lookups_total", by="tier"),
+    )
+    tiers = [
+        _panel(
+            "Tier hit ratio",
+            "percentunit",
+            "Chunks a tier below host memory found / chunks looked up in it.",
+            _query(f"{tier_hits} / {tier_lookups}", "{{tier}}"),
+        ),
+        _panel(
+            "Tier chunks: loads by whose write, stores",
+            "short",
+            "Chunks loaded from a tier per second, stored by this engine (own) or another; "
+            "chunks stored to it.",
+            _query(
+                _rate("numbakv_tier_loaded_chunks_total", by="tier, writer"),
+                "loaded {{tier}} {{writer}}",
+            ),
+            _query(_rate("numbakv_tier_stored_chunks_total", by="tier"), "stored {{tier}}"),
+        ),
+        _panel(
+            "Tier throughput",
+            "Bps",
+            "Bytes loaded from and stored to each tier per second.",
+            _query(_rate("numbakv_tier_loaded_bytes_total", by="tier"), "loaded {{tier}}"),
+            _query(_rate("numbakv_tier_stored_bytes_total", by="tier"), "stored {{tier}}"),
+        ),
+        _panel(
+            "Tier latency p99",
+            "s",
+            "Batched lookups (one round trip), load and store jobs: p99 per tier.",
+            *(_tier_quantile(what, 0.99) for what in ("lookup", "load", "store")),
+        ),
+        _panel(
+            "Tier faults",
+            "short",
+            "Per second: stores dropped (store full or down), chunks failing their check "
+            "(deleted, never loaded), calls finding the store unreachable, late lookups.",
+            _query(_rate("numbakv_tier_dropped_stores_total", by="tier"), "dropped {{tier}}"),
+            _query(_rate("numbakv_tier_integrity_failures_total", by="tier"), "corrupt {{tier}}"),
+            _query(
+                _rate("numbakv_tier_unavailable_calls_total", by="tier"), "unreachable {{tier}}"
+            ),
+            _query(_rate("numbakv_tier_late_lookups_total", by="tier"), "late {{tier}}"),
+        ),
+        _panel(
+            "Tier breaker open",
+            "short",
+            "Engines that have stopped calling a tier's store, found unreachable (serving from "
+            "host memory meanwhile).",
+            _query(f"sum by (tier) (numbakv_tier_breaker_open{{{SEL}}})", "{{tier}}"),
+        ),
+    ]
+    return [
+        ("Cache", cache),
+        ("Transfers", transfers),
+        ("Host pool", pool),
+        ("Tiers below host memory", tiers),
+    ]
 
 
 def build() -> model.Dashboard:

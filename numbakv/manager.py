@@ -8,7 +8,7 @@ the blocks it may not evict (being stored, being read, named in the call), never
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,9 +175,25 @@ class CPUOffloadingManager:
 
     # --- requests ---
 
-    def begin_request(self) -> RequestAccess:
-        """A record for one request's loads and stores, to pass to them and to `finish_request`."""
-        return RequestAccess(self, self._generation)
+    def begin_request(
+        self, positions: Callable[[BlockHash], int | None] | None = None
+    ) -> RequestAccess:
+        """A record for one request's loads and stores, to pass to them and to `finish_request`;
+        `positions` gives each block's end-token position where the engine knows it."""
+        return RequestAccess(self, self._generation, positions=positions)
+
+    def _record(
+        self, request: RequestAccess, block_hashes: list[BlockHash], reused: list[BlockHash]
+    ) -> None:
+        """Note a request's blocks; with positions, show the policy those it names first."""
+        if request.positions is None:
+            request.record(block_hashes, reused)
+            return
+        seen = request.blocks
+        new = [block_hash for block_hash in dict.fromkeys(block_hashes) if block_hash not in seen]
+        request.record(block_hashes, reused)
+        if new:
+            self._policy.request_access(request, new)
 
     def is_current(self, request: RequestAccess) -> bool:
         """Whether the request was begun by this manager since its last `reset_cache`."""
@@ -259,7 +275,7 @@ class CPUOffloadingManager:
         self._num_being_read += newly_read
         self._loaded_blocks += len(block_ids)
         if request is not None and self.is_current(request):
-            request.record(hashes, hashes)
+            self._record(request, hashes, hashes)
         return HostBlocks(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -327,17 +343,23 @@ class CPUOffloadingManager:
 
         shortfall = len(to_store) - self._free_count()
         evicted: list[BlockHash] = []
+        evicted_ids = HostBlocks()
         if shortfall > 0:
-            evicted = self._evict(shortfall, unique if named_cached else ())
-            if evicted is None:
+            victims = self._evict(shortfall, unique if named_cached else ())
+            if victims is None:
                 self._refused_store_blocks += len(to_store)
                 return None
+            evicted, evicted_ids = victims
         slots = self._allocate(len(to_store))
         self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
         if request is not None and self.is_current(request):
             request.inserted.update(to_store)
-        return StorePlan(to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted)
+            if request.positions is not None:
+                self._policy.request_inserted(request, to_store)
+        return StorePlan(
+            to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted, evicted_ids
+        )
 
     def _observe_store(
         self,
@@ -350,10 +372,10 @@ class CPUOffloadingManager:
         show the policy the request's new blocks it has not seen yet, and give a policy that
         touches before storing its one touch of the request."""
         if not ready:
-            request.record(to_store, ready)
+            self._record(request, to_store, ready)
         else:
             noted = set(to_store).union(ready)
-            request.record([h for h in offered if h in noted], ready)
+            self._record(request, [h for h in offered if h in noted], ready)
         misses = [h for h in to_store if h not in request.store_misses]
         if misses:
             self._policy.on_store_miss(misses)
@@ -377,8 +399,12 @@ class CPUOffloadingManager:
             del freed[fresh - count :]
         return slots
 
-    def _evict(self, shortfall: int, named: Collection[BlockHash]) -> list[BlockHash] | None:
-        """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot."""
+    def _evict(
+        self, shortfall: int, named: Collection[BlockHash]
+    ) -> tuple[list[BlockHash], HostBlocks] | None:
+        """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot.
+
+        Returns the victims' hashes and their slots."""
         if shortfall > self._num_idle:  # fail fast, without looking at any block
             return None
         get, ref_counts = self._policy.get, self._ref_counts
@@ -395,7 +421,7 @@ class CPUOffloadingManager:
         evicted = list(evicted)
         if self._events is not None:
             self._emit(evicted, removed=True)
-        return evicted
+        return evicted, HostBlocks(np.array(freed, dtype=np.int64))
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         """Make stored blocks ready, or on failure drop them and free their slots.
@@ -429,6 +455,31 @@ class CPUOffloadingManager:
                 self._policy.remove(block_hash)
             self._free_slots += block_ids
             self._failed_store_blocks += len(pending)
+
+    def remove(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """Forget ready blocks that no load is reading, because their bytes are gone (deleted or
+        found corrupt); returns the hashes forgotten, announced as removed.
+
+        Blocks being stored or read, and hashes not cached, are left as they are.
+        """
+        hashes = _hash_list(block_hashes)
+        try:
+            unique = dict.fromkeys(hashes)
+        except TypeError as error:
+            raise _hash_error("remove", hashes, error) from None
+        get, ref_counts = self._policy.get, self._ref_counts
+        removed = []
+        for block_hash in unique:
+            block_id = get(block_hash)
+            if block_id is not None and ref_counts[block_id] == 0:
+                self._policy.remove(block_hash)
+                ref_counts[block_id] = NOT_READY
+                self._free_slots.append(block_id)
+                removed.append(block_hash)
+        self._num_idle -= len(removed)
+        if removed and self._events is not None:
+            self._emit(removed, removed=True)
+        return removed
 
     # --- events, reset and stats ---
 

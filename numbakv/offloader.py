@@ -5,21 +5,58 @@ offloader turns one into the other and closes the loop when a job finishes: a fi
 its blocks ready, a failed one frees them (nothing half-written ever becomes ready), and a finished
 load releases its pins. Engines with separate scheduler and worker processes ship the manager's
 plain specs across instead (see docs/OFFLOADER.md).
+
+With a second tier (a `numbakv.tiers.ChunkTier` over the same host pool) it also wires the tier
+in: blocks reach it by demotion or write-through, and a host miss the tier holds is promoted into
+host memory off the engine's thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for_futures
+from functools import partial
 from itertools import count
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from numbakv.jobs import Direction, FinishedJob
 from numbakv.manager import CPUOffloadingManager
-from numbakv.specs import BlockHash
+from numbakv.specs import BlockHash, StorePlan
+
+if TYPE_CHECKING:
+    from numbakv.tiers import ChunkTier
+
+logger = logging.getLogger("numbakv.offloader")
 
 OffloadMode = Literal["eager", "lazy"]
+Tiering = Literal["demote", "write-through"]
+DEMOTE: Tiering = "demote"
+WRITE_THROUGH: Tiering = "write-through"
+TIERINGS = (DEMOTE, WRITE_THROUGH)
+_PROMOTE = "promote"  # the tier job kinds besides the two tierings
+MAX_TIER_LOOKUPS = 4096
+"""Tier lookups kept under way at once; past it the oldest is forgotten (its request asks anew)."""
+
+
+def tier_key(block_hash: BlockHash) -> bytes:
+    """The key a block is kept under in a tier: bytes as they are, an int as 8 bytes
+    (little-endian, signed), so engines hashing either way share a tier with their own kind."""
+    if isinstance(block_hash, bytes) and block_hash:
+        return block_hash
+    if isinstance(block_hash, (int, np.integer)) and not isinstance(block_hash, bool):
+        try:
+            return int(block_hash).to_bytes(8, "little", signed=True)
+        except OverflowError:
+            pass
+    raise ValueError(
+        "block_hashes must be non-empty bytes or 64-bit ints to be kept in a tier, got "
+        f"{block_hash!r}"
+    )
 
 
 class Transfers(Protocol):
@@ -52,6 +89,11 @@ class KVOffloader:
     `mode` says when the engine offloads: "eager" stores every block as soon as it is filled
     (`blocks_filled`), "lazy" only blocks the engine is about to free (`blocks_freeing`), which
     moves fewer bytes but makes the engine wait for the store before it reuses those GPU blocks.
+
+    `tier`, a `ChunkTier` over this engine's host pool (its rows are the host blocks), is a second
+    tier below host memory. `tiering` says how blocks reach it: "demote" (a block evicted from
+    host memory is copied down before its slot is reused; the default, it keeps more hits) or
+    "write-through" (every stored block is copied down before it becomes ready).
     """
 
     def __init__(
@@ -59,24 +101,54 @@ class KVOffloader:
         manager: CPUOffloadingManager,
         transfers: Transfers,
         mode: OffloadMode = "eager",
+        tier: ChunkTier | None = None,
+        tiering: Tiering = DEMOTE,
     ) -> None:
         if mode not in ("eager", "lazy"):
             raise ValueError(f"mode must be 'eager' or 'lazy', got {mode!r}")
+        if tiering not in TIERINGS:
+            raise ValueError(f"tiering must be 'demote' or 'write-through', got {tiering!r}")
         if manager.num_blocks > transfers.num_host_blocks:
             raise ValueError(
                 f"the manager hands out {manager.num_blocks} host blocks, the transfer engine's "
                 f"host pool has {transfers.num_host_blocks}: size them alike"
             )
+        if tier is not None and tier.num_rows < manager.num_blocks:
+            raise ValueError(
+                f"the manager hands out {manager.num_blocks} host blocks, the tier reads and "
+                f"writes {tier.num_rows} host-pool rows: build the tier over the engine's host pool"
+            )
         self.manager = manager
         self.transfers = transfers
         self.mode = mode
-        self._jobs: dict[int, tuple[Direction, list]] = {}  # in flight: direction, block hashes
+        self.tier = tier
+        self.tiering = tiering
+        # Engine jobs in flight: direction, block hashes, host ids.
+        self._jobs: dict[int, tuple[Direction, list, np.ndarray]] = {}
         self._job_ids = count()
         self._finished: list[FinishedJob] = []
+        self._tier_jobs: dict[int, tuple[str, list]] = {}  # in flight: kind, block hashes
+        self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
+        self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
+        self._promoting: set[BlockHash] = set()
+        # Tier lookups under way, by a request's first host miss: answer, hashes asked, deadline.
+        self._tier_lookups: dict[BlockHash, tuple[Future, list, float]] = {}
+        # Promoted blocks still in host memory: the tier has them already, so evicting one again
+        # copies nothing down. At most one entry a host block.
+        self._promoted: set[BlockHash] = set()
 
-    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
-        """How many leading blocks the host pool can load."""
-        return self.manager.lookup(block_hashes)
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
+        """How many leading blocks the host pool can load; None: ask again after a `poll`.
+
+        With a tier, a host miss is looked up in the tier (None while it answers; an answer later
+        than its deadline is a miss), and the blocks after the host hits that it holds are
+        promoted into host memory (None again until they are there). Neither waits on this
+        thread; a failed promotion is a miss.
+        """
+        hits = self.manager.lookup(block_hashes)
+        if self.tier is None or hits == len(block_hashes):
+            return hits
+        return self._promote(list(block_hashes)[hits:], hits)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         """Tell the host tier's policy the engine is using these blocks (first = most recent)."""
@@ -93,6 +165,9 @@ class KVOffloader:
         `wait_event` holds the copy back until the engine's compute has written the blocks.
         """
         gpu_ids = self._checked_gpu_ids(Direction.STORE, block_hashes, gpu_block_ids)
+        if self.tier is not None:
+            for block_hash in block_hashes:
+                tier_key(block_hash)
         output = self.manager.prepare_store(block_hashes)
         if output is None or not output.block_hashes_to_store:
             return None
@@ -101,7 +176,7 @@ class KVOffloader:
             position = dict(zip(block_hashes, range(len(block_hashes))))
             gpu_ids = gpu_ids[[position[block_hash] for block_hash in to_store]]
         return self._submit(
-            Direction.STORE, to_store, gpu_ids, output.store_spec.block_ids, wait_event
+            Direction.STORE, to_store, gpu_ids, output.store_spec.block_ids, wait_event, output
         )
 
     def load(
@@ -145,15 +220,114 @@ class KVOffloader:
             return self.store(block_hashes, gpu_block_ids, wait_event)
         return None
 
-    def _submit(self, direction, block_hashes, gpu_ids, host_ids, wait_event) -> int:
+    def _submit(self, direction, block_hashes, gpu_ids, host_ids, wait_event, plan=None) -> int:
+        """Hand the job to the transfer engine, or, when its host slots still hold evicted blocks
+        being demoted, once the demotion has finished (`_collect` does)."""
         job_id = next(self._job_ids)
         try:  # host ids come from the manager, sized to the pool: the gpu ids are checked
-            self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
+            demotion = self._demote(plan)
+            if demotion is None:
+                self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
+            else:
+                self._waiting.add(job_id)
+                self._after_demotion[demotion] = partial(
+                    self._enqueue_waiting, job_id, direction, gpu_ids, host_ids, wait_event
+                )
         except Exception:
             self._settle(direction, block_hashes, success=False)
             raise
-        self._jobs[job_id] = (direction, block_hashes)
+        self._jobs[job_id] = (direction, block_hashes, host_ids)
         return job_id
+
+    def _enqueue_waiting(self, job_id, direction, gpu_ids, host_ids, wait_event) -> None:
+        self._waiting.discard(job_id)
+        try:
+            self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
+        except Exception:  # any refusal fails the job, reported by poll
+            logger.exception("numbakv offloader: job %s could not be queued", job_id)
+            self._settle(direction, self._jobs.pop(job_id)[1], success=False)
+            self._finished.append(FinishedJob(job_id, direction, False, 0, 0.0))
+
+    def _demote(self, plan: StorePlan | None) -> int | None:
+        """Copy the blocks `plan` evicted down to the tier; the tier job id, None if none."""
+        if self.tier is None or self.tiering != DEMOTE or plan is None:
+            return None
+        evicted, rows = plan.block_hashes_evicted, plan.evicted_block_ids.block_ids
+        below = [block_hash in self._promoted for block_hash in evicted]
+        if any(below):
+            self._promoted.difference_update(evicted)
+            evicted = [block_hash for block_hash, known in zip(evicted, below) if not known]
+            rows = rows[~np.array(below)]
+        if not evicted:
+            return None
+        return self._tier_job(DEMOTE, evicted, rows)
+
+    def _tier_job(self, kind: str, block_hashes: list, host_ids: np.ndarray) -> int:
+        job_id = next(self._job_ids)
+        keys = [tier_key(block_hash) for block_hash in block_hashes]
+        submit = self.tier.submit_load if kind == _PROMOTE else self.tier.submit_store
+        submit(job_id, keys, host_ids)
+        self._tier_jobs[job_id] = (kind, block_hashes)
+        return job_id
+
+    def _promote(self, missed: list, hits: int) -> int | None:
+        """Start promoting the leading `missed` blocks the tier holds; `hits` if there are none."""
+        if missed[0] in self._promoting:
+            return None
+        if self.manager.is_being_stored(missed[0]):
+            return hits  # the engine is storing it: it still has it
+        held = self._held_below(missed)
+        if held is None:
+            return None
+        stats = self.manager.stats()  # what host memory can take: free and evictable slots
+        held = min(held, stats.free + stats.used - stats.being_stored - stats.being_read)
+        if held < 1:
+            return hits
+        plan = self.manager.prepare_store(missed[:held])
+        if plan is None or not plan.block_hashes_to_store:
+            return hits  # no room in host memory (every block pinned or being stored)
+        promoted = plan.block_hashes_to_store
+        try:
+            start = partial(self._tier_job, _PROMOTE, promoted, plan.store_spec.block_ids)
+            demotion = self._demote(plan)
+            if demotion is None:
+                start()
+            else:
+                self._after_demotion[demotion] = start
+        except Exception:
+            self.manager.complete_store(promoted, success=False)
+            raise
+        self._promoting.update(promoted)
+        return None
+
+    def _held_below(self, missed: list) -> int | None:
+        """How many leading `missed` blocks the tier holds; None while it is being asked.
+
+        The first call for a request (named by its first miss) starts the tier's lookup; a later
+        one takes the answer, or a miss once the deadline has passed.
+        """
+        asked = self._tier_lookups.pop(missed[0], None)
+        if asked is None:
+            if len(self._tier_lookups) >= MAX_TIER_LOOKUPS:
+                del self._tier_lookups[next(iter(self._tier_lookups))]
+            future = self.tier.lookup([tier_key(block_hash) for block_hash in missed])
+            deadline = time.monotonic() + self.tier.lookup_deadline_s
+            self._tier_lookups[missed[0]] = (future, missed, deadline)
+            return None
+        future, asked_hashes, deadline = asked
+        if not future.done():
+            if time.monotonic() < deadline:
+                self._tier_lookups[missed[0]] = asked
+                return None
+            return 0
+        if future.exception() is not None:
+            return 0
+        held = 0
+        for wanted, asked_hash, found in zip(missed, asked_hashes, future.result()):
+            if wanted != asked_hash or not found:
+                break
+            held += 1
+        return held
 
     def poll(self) -> list[FinishedJob]:
         """The jobs finished since the last poll, with the manager updated."""
@@ -163,8 +337,11 @@ class KVOffloader:
 
     def wait(self, job_id: int) -> bool:
         """Block until the job finishes; returns its success. It is still reported by `poll`."""
-        if job_id in self._jobs:
-            self.transfers.wait(job_id)
+        while job_id in self._jobs:
+            if job_id in self._waiting:
+                self.tier.drain()  # the demotion its host slots wait for
+            else:
+                self.transfers.wait(job_id)
             self._collect()
         reported = [job.success for job in self._finished if job.job_id == job_id]
         if not reported:
@@ -172,9 +349,17 @@ class KVOffloader:
         return reported[0]
 
     def drain(self) -> list[FinishedJob]:
-        """Wait for every job in flight (at shutdown, say); returns what `poll` would."""
-        while self._jobs:
-            self.wait(next(iter(self._jobs)))
+        """Wait for every job in flight, the tier's jobs and lookups too (at shutdown, say);
+        returns what `poll` would."""
+        while self._jobs or self._tier_jobs:
+            if self._jobs:
+                self.wait(next(iter(self._jobs)))
+            else:
+                self.tier.drain()
+                self._collect()
+        if self._tier_lookups:
+            answers = [future for future, _, _ in self._tier_lookups.values()]
+            wait_for_futures(answers, timeout=self.tier.lookup_deadline_s)
         return self.poll()
 
     def reset(self) -> list[FinishedJob]:
@@ -187,12 +372,40 @@ class KVOffloader:
         """
         finished = self.drain()
         self.manager.reset_cache()
+        self._promoted.clear()
         return finished
 
     def _collect(self) -> None:
+        if self.tier is not None:
+            for job in self.tier.take_finished():
+                self._settle_tier_job(job)
         for job in self.transfers.get_finished():
-            self._settle(*self._jobs.pop(job.job_id), job.success)
+            direction, block_hashes, host_ids = self._jobs.pop(job.job_id)
+            if direction is Direction.STORE and job.success and self._writes_through:
+                self._tier_job(WRITE_THROUGH, block_hashes, host_ids)  # ready once it is down
+            else:
+                self._settle(direction, block_hashes, job.success)
             self._finished.append(job)
+
+    @property
+    def _writes_through(self) -> bool:
+        return self.tier is not None and self.tiering == WRITE_THROUGH
+
+    def _settle_tier_job(self, job: FinishedJob) -> None:
+        """A tier job is the offloader's own: the engine sees its effect, never the job."""
+        kind, block_hashes = self._tier_jobs.pop(job.job_id)
+        if kind == DEMOTE:  # done or failed, the evicted blocks' slots are free to overwrite
+            self._after_demotion.pop(job.job_id)()
+        elif kind == WRITE_THROUGH:  # the host copy is good whether the tier kept one or not
+            self.manager.complete_store(block_hashes, success=True)
+        else:
+            failed = set(job.failed_keys)  # a failed promotion is a miss, never wrong bytes
+            lost = [h for h in block_hashes if tier_key(h) in failed]
+            self.manager.complete_store(lost, success=False)
+            self.manager.complete_store(block_hashes, success=True)
+            self._promoting.difference_update(block_hashes)
+            if self.tiering == DEMOTE:
+                self._promoted.update(h for h in block_hashes if tier_key(h) not in failed)
 
     def _settle(self, direction: Direction, block_hashes: list, success: bool) -> None:
         if direction is Direction.STORE:
@@ -202,6 +415,9 @@ class KVOffloader:
 
     def completion_event(self, job_id: int) -> Any | None:
         """What the compute stream waits on before it reads a load's blocks (None once done)."""
+        if job_id in self._waiting:  # a store whose slots are being demoted: hand it over now
+            self.tier.drain()
+            self._collect()
         return self.transfers.completion_event(job_id) if job_id in self._jobs else None
 
     def in_flight(self, job_id: int) -> bool:

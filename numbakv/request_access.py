@@ -9,6 +9,7 @@ policy at `finish_request` (docs/MANAGER.md, "Requests").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from numbakv.specs import BlockHash
@@ -20,7 +21,9 @@ class RequestAccess:
 
     `inserted` are those it stored itself, `reused` the ready ones it loaded or offered (not its
     own insertions), `store_misses` the new blocks the policy has been shown once already;
-    `touched` whether a policy that touches before storing has had its touch.
+    `touched` whether a policy that touches before storing has had its touch. `positions`, where
+    the engine knows them (vLLM 0.33), gives the token position each block ends at: LRU then
+    ranks the blocks of a running request by it (docs/MANAGER.md, "Requests").
     Made by `CPUOffloadingManager.begin_request`; valid until that manager's next `reset_cache`.
     """
 
@@ -31,6 +34,7 @@ class RequestAccess:
     reused: set[BlockHash] = field(default_factory=set)
     store_misses: set[BlockHash] = field(default_factory=set)
     touched: bool = False  # by a policy that touches before storing
+    positions: Callable[[BlockHash], int | None] | None = None
     finished: bool = False
 
     def record(self, block_hashes: list[BlockHash], reused: list[BlockHash]) -> None:

@@ -37,11 +37,16 @@ class HostBlocks:
 
 @dataclass(slots=True)
 class StorePlan:
-    """What `prepare_store` decided: the hashes to write, where to write them, and what it evicted."""
+    """What `prepare_store` decided: the hashes to write, where to write them, and what it evicted.
+
+    `evicted_block_ids` are the evicted blocks' host slots, in the order of their hashes: a tier
+    below host memory copies them out (demotion) before the new blocks overwrite them.
+    """
 
     block_hashes_to_store: list
     store_spec: HostBlocks
     block_hashes_evicted: list
+    evicted_block_ids: HostBlocks = field(default_factory=HostBlocks)
 
 
 @dataclass(slots=True)

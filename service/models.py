@@ -34,6 +34,18 @@ class DirectionStats(BaseModel):
     jobs_per_second: float | None
 
 
+class TierStats(BaseModel):
+    """One tier below host memory (Redis, a disk) over the window, summed over instances."""
+
+    hit_ratio: float | None = Field(description="chunks found / chunks looked up over the window")
+    loaded_from_others: float | None = Field(
+        description="share of the chunks loaded over the window that another engine had stored"
+    )
+    breaker_open: bool = Field(
+        description="whether any instance has stopped calling the store, now"
+    )
+
+
 class Stats(BaseModel):
     """A summary over the last ``window_seconds`` (rates are null until two samples exist)."""
 
@@ -49,4 +61,7 @@ class Stats(BaseModel):
     occupancy: float | None = Field(description="used / capacity of the host pools, now")
     transfer: dict[str, DirectionStats] = Field(
         description='per direction: "store" (GPU to host), "load"'
+    )
+    tiers: dict[str, TierStats] = Field(
+        default_factory=dict, description="per tier below host memory, by its name"
     )

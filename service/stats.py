@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from numbakv.service.models import DirectionStats, Stats
+from numbakv.service.models import DirectionStats, Stats, TierStats
 from prometheus_client.metrics_core import Metric
 
 from numbakv.metrics.definitions import DIRECTIONS, Source, definition_of
@@ -28,6 +28,8 @@ class Totals:
     capacity_blocks: float = 0.0
     transfer_bytes: dict[str, float] = field(default_factory=dict)
     transfer_jobs: dict[str, float] = field(default_factory=dict)
+    tiers: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per tier name, each of ``_PER_TIER``'s totals."""
     instances: frozenset[str] = frozenset()
 
 
@@ -50,14 +52,32 @@ _PER_DIRECTION = {
 }
 
 
+# Per tier: the TierCounters field (and writer label) each sample reads, to its total's name.
+_PER_TIER = {
+    (definition_of(Source.TIER, field).sample, writer): total
+    for field, writer, total in (
+        ("lookups", None, "lookups"),
+        ("lookup_hits", None, "hits"),
+        ("loaded_own", "own", "loaded_own"),
+        ("loaded_other", "other", "loaded_other"),
+        ("breaker_open", None, "breaker_open"),
+    )
+}
+
+
 def totals_from(metrics: Iterable[Metric], at: float) -> Totals:
     """Add up the samples of the metrics ``/stats`` reports on."""
     values: dict = {name: 0.0 for name in _SCALARS.values()}
     values.update({name: {d: 0.0 for d in DIRECTIONS} for name in _PER_DIRECTION.values()})
     instances = set()
+    tiers: dict[str, dict[str, float]] = {}
     for metric in metrics:
         for sample in metric.samples:
-            if sample.name in _SCALARS:
+            tier_total = _PER_TIER.get((sample.name, sample.labels.get("writer")))
+            if tier_total is not None and "tier" in sample.labels:
+                totals = tiers.setdefault(sample.labels["tier"], dict.fromkeys(_TIER_TOTALS, 0.0))
+                totals[tier_total] += sample.value
+            elif sample.name in _SCALARS:
                 values[_SCALARS[sample.name]] += sample.value
             elif sample.name in _PER_DIRECTION and sample.labels.get("direction") in DIRECTIONS:
                 values[_PER_DIRECTION[sample.name]][sample.labels["direction"]] += sample.value
@@ -65,7 +85,29 @@ def totals_from(metrics: Iterable[Metric], at: float) -> Totals:
                 continue
             if "instance" in sample.labels:
                 instances.add(sample.labels["instance"])
-    return Totals(at=at, instances=frozenset(instances), **values)
+    return Totals(at=at, instances=frozenset(instances), tiers=tiers, **values)
+
+
+_TIER_TOTALS = tuple(_PER_TIER.values())
+
+
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 and part >= 0 else None
+
+
+def _tier_stats(now: Totals, then: Totals | None) -> dict[str, TierStats]:
+    """Each tier's ratios over the window (none without an earlier sample), its breaker now."""
+    stats = {}
+    for name, totals in now.tiers.items():
+        before = then.tiers.get(name) if then is not None else None
+        delta = None if before is None else {k: totals[k] - before[k] for k in _TIER_TOTALS}
+        loaded = None if delta is None else delta["loaded_own"] + delta["loaded_other"]
+        stats[name] = TierStats(
+            hit_ratio=None if delta is None else _share(delta["hits"], delta["lookups"]),
+            loaded_from_others=None if delta is None else _share(delta["loaded_other"], loaded),
+            breaker_open=totals["breaker_open"] > 0,
+        )
+    return stats
 
 
 def _rate(now: float, then: float, seconds: float) -> float | None:
@@ -87,6 +129,7 @@ def summarize(now: Totals, then: Totals | None) -> Stats:
             evictions_per_second=None,
             occupancy=occupancy,
             transfer={d: idle for d in DIRECTIONS},
+            tiers=_tier_stats(now, None),
         )
     span = now.at - then.at
     hits, misses = now.hit_blocks - then.hit_blocks, now.missed_blocks - then.missed_blocks
@@ -107,6 +150,7 @@ def summarize(now: Totals, then: Totals | None) -> Stats:
         evictions_per_second=_rate(now.evicted_blocks, then.evicted_blocks, span),
         occupancy=occupancy,
         transfer=transfer,
+        tiers=_tier_stats(now, then),
     )
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from numbakv.dashboards import generate
 
-from numbakv.metrics.definitions import POLICY_STATE
+from numbakv.metrics.definitions import POLICY_STATE, TIER
 
 board = pytest.importorskip(
     "numbakv.dashboards.board", reason="grafana-foundation-sdk (extra: dashboards) not installed"
@@ -101,3 +101,12 @@ def test_generate_without_the_extra_names_the_pip_command(tmp_path):
         "numbakv-dashboards: error: generating the dashboard needs the 'dashboards' extra: "
         "pip install -e '.[dashboards]' in numbakv's repository\n"
     )
+
+
+def test_every_tier_metric_has_a_panel():
+    exprs = " ".join(generate.expressions(committed()))
+    for definition in TIER:
+        name = definition.name + ("_bucket" if definition.type == "histogram" else "")
+        name += "_total" if definition.type == "counter" else ""
+        if definition.name != "numbakv_tier_breaker_opens":  # breaker_open shows each opening
+            assert f"{name}{{" in exprs, definition.name

@@ -188,6 +188,26 @@ def test_failed_store_frees_slots_and_announces_nothing(manager):
     assert len(output.store_spec) == 2
 
 
+def test_remove_forgets_idle_ready_blocks_and_frees_their_slots(manager):
+    stored(manager, [1, 2, 3])
+    manager.prepare_load([2])
+    manager.prepare_store([4])
+    list(manager.take_events())
+    # 2 is being read, 4 being stored, 99 unknown: all left as they are.
+    assert manager.remove([1, 2, 4, 99, 1]) == [1]
+    assert [(e.block_hashes, e.removed) for e in manager.take_events()] == [([1], True)]
+    assert manager.lookup([1]) == 0 and manager.lookup([2, 3]) == 2
+    assert manager.is_being_stored(4)
+    stats = manager.stats()
+    assert (stats.used, stats.free, stats.being_read, stats.evicted_blocks) == (3, 1, 1, 0)
+    manager.complete_load([2])
+    assert manager.remove([2]) == [2]
+    # The freed slots are handed out again and the policy evicts only what is left.
+    manager.complete_store([4])
+    assert stored(manager, [5, 6]).block_hashes_evicted == []
+    assert stored(manager, [7]).block_hashes_evicted != []
+
+
 def test_complete_store_ignores_unknown_and_ready_hashes(manager):
     stored(manager, [1])
     manager.complete_store([1, 42])
@@ -195,7 +215,7 @@ def test_complete_store_ignores_unknown_and_ready_hashes(manager):
 
 
 @pytest.mark.parametrize(
-    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store"]
+    "method", ["lookup", "touch", "prepare_load", "complete_load", "prepare_store", "remove"]
 )
 @pytest.mark.parametrize("bad", [b"\x01\x02", "ab", 7])
 def test_a_lone_hash_instead_of_a_list_is_refused(manager, method, bad):
@@ -327,3 +347,20 @@ def test_policy_loaded_by_import_path():
     manager = CPUOffloadingManager(16, 2, cache_policy="tests.test_manager:MostRecentFirst")
     stored(manager, [1, 2])
     assert manager.prepare_store([3]).block_hashes_evicted == [2]
+
+
+def test_lru_ranks_a_running_requests_blocks_by_position_tails_first_where_it_knows_them():
+    """vLLM 0.33's order: while a request runs, the blocks it names rank together where it first
+    came, the tail the first to go; when it finishes they become recent, head first."""
+    manager = CPUOffloadingManager(block_size=16, num_blocks=4)
+    positions = {"head": 16, "middle": 32, "tail": 48}
+    running = manager.begin_request(positions.get)
+    for block in ("head", "tail", "middle"):  # stored out of order, as a backfill does
+        plan = manager.prepare_store([block], running)
+        manager.complete_store(plan.block_hashes_to_store)
+    stored(manager, ["other"])  # a later block, ranked after the running request
+    assert stored(manager, ["new"]).block_hashes_evicted == ["tail"]
+    manager.finish_request(running)  # head, middle: now the most recent, head first
+    assert stored(manager, ["newer"]).block_hashes_evicted == ["other"]
+    assert stored(manager, ["newest"]).block_hashes_evicted == ["new"]
+    assert stored(manager, ["last"]).block_hashes_evicted == ["middle"]

@@ -85,7 +85,8 @@ class ManagerMachine(RuleBasedStateMachine):
     def prepare_store(self, hashes):
         before = snapshot(self.real)
         loading = {h for batch in self.in_flight_loads for h in batch}
-        not_ready = {h for h, (_, ref) in resident_blocks(self.real).items() if ref < 0}
+        resident = resident_blocks(self.real)
+        not_ready = {h for h, (_, ref) in resident.items() if ref < 0}
         output = self.real.prepare_store(hashes)
         expected = self.model.prepare_store(hashes)
         if expected is None:
@@ -95,6 +96,7 @@ class ManagerMachine(RuleBasedStateMachine):
         to_store, evicted = expected
         assert output.block_hashes_to_store == to_store
         assert output.block_hashes_evicted == evicted
+        assert output.evicted_block_ids.block_ids.tolist() == [resident[h][0] for h in evicted]
         assert not set(evicted) & (loading | not_ready | set(hashes))
         ids = output.store_spec.block_ids
         assert ids.dtype.name == "int64" and len(ids) == len(to_store)

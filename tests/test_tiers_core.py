@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -151,6 +152,7 @@ def test_store_then_load_is_byte_exact_and_counts_own_writes():
     backend = DictBackend()
     pool = random_pool(8, 2)
     tier = tier_over(backend, pool)
+    assert (tier.num_rows, tier.chunk_bytes) == pool.shape
     tier.submit_store("s", KEYS, [0, 1, 2, 3])
     assert finished(tier)["s"].success
     assert tier.contains(KEYS + [b"absent"]) == [True] * 4 + [False]
@@ -173,7 +175,7 @@ def test_another_writers_chunks_load_and_count_as_theirs():
     assert (reader.counters.loaded_own, reader.counters.loaded_other) == (0, 2)
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "namespace"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "namespace", "another_key"])
 def test_a_damaged_value_is_a_failed_load_deleted_and_not_found_until_stored_anew(damage):
     backend = DictBackend()
     tier = tier_over(backend)
@@ -184,6 +186,8 @@ def test_a_damaged_value_is_a_failed_load_deleted_and_not_found_until_stored_ane
         value[HEADER_BYTES + 7] ^= 0x10
     elif damage == "truncate":
         del value[-100:]
+    elif damage == "another_key":
+        value = bytearray(backend.values[KEYS[0]])  # a whole, valid value, under the wrong key
     else:
         value[:HEADER_BYTES] = encode_header(
             namespace(model="other").digest, b"x" * 8, memoryview(tier._pool[1])
@@ -278,6 +282,7 @@ def test_a_load_into_one_row_twice_is_refused():
         (None, {"writer_id": b"short"}, "writer_id"),
         (None, {"io_threads": 0}, "io_threads"),
         (None, {"lookup_deadline_s": 0}, "lookup_deadline_s"),
+        (None, {"breaker_cooldown_s": 0}, "breaker_cooldown_s"),
     ],
 )
 def test_bad_tier_settings_are_refused(pool, options, named):
@@ -295,3 +300,80 @@ def test_a_backend_error_fails_the_job_instead_of_losing_it():
     tier.submit_load(2, KEYS[:1], [1])
     jobs = finished(tier)
     assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)
+
+
+def test_touch_reaches_the_backend_checked_and_a_backend_may_ignore_it():
+    touched = []
+
+    class RecencyBackend(DictBackend):
+        def touch(self, keys):
+            touched.append(list(keys))
+
+    tier_over(DictBackend()).touch(KEYS)  # the default: nothing to do
+    tier = tier_over(RecencyBackend())
+    tier.touch(KEYS[:2])
+    assert touched == [KEYS[:2]]
+    with pytest.raises(ValueError, match="keys"):
+        tier.touch(["k"])
+    assert touched == [KEYS[:2]]
+
+
+class CountingBackend(DictBackend):
+    """A DictBackend that counts the calls that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def _reach(self) -> None:
+        self.calls += 1
+        super()._reach()
+
+
+def test_the_breaker_stops_calling_a_down_store_then_probes_and_closes(caplog):
+    backend = CountingBackend()
+    tier = tier_over(backend, breaker_cooldown_s=0.2)
+    backend.unavailable = True
+    with caplog.at_level("WARNING", "numbakv.tiers"):
+        assert tier.contains(KEYS) == [False] * 4
+        assert tier.breaker_open and backend.calls == 1
+        for _ in range(5):
+            assert tier.contains(KEYS) == [False] * 4
+        tier.submit_store(1, KEYS[:1], [0])
+        assert not finished(tier)[1].success
+        assert backend.calls == 1  # nothing reached the store while open
+        time.sleep(0.25)
+        assert tier.contains(KEYS) == [False] * 4  # the probe, still down: open again
+        assert backend.calls == 2 and tier.breaker_open
+        backend.unavailable = False
+        time.sleep(0.25)
+        tier.submit_store(2, KEYS[:1], [0])
+        assert finished(tier)[2].success and not tier.breaker_open
+    assert tier.contains(KEYS[:1]) == [True]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("breaker open" in line for line in lines) == 1
+    assert sum("breaker closed" in line for line in lines) == 1
+    assert tier.counters.breaker_opens == 1 and tier.counters.unavailable == 8
+
+
+def test_latency_histograms_count_lookups_and_jobs():
+    tier = tier_over(DictBackend())
+    tier.submit_store(1, KEYS[:2], [0, 1])
+    finished(tier)
+    tier.contains(KEYS)
+    tier.submit_load(2, KEYS[:2], [2, 3])
+    finished(tier)
+    counters = tier.counters
+    assert sum(counters.lookup_latency.buckets) == 1
+    assert sum(counters.store_latency.buckets) == sum(counters.load_latency.buckets) == 1
+    assert counters.lookup_latency.seconds > 0
+
+
+def test_close_lets_the_host_memory_owner_release_its_buffer():
+    memory = memoryview(bytearray(8 * CHUNK_BYTES))
+    pool = np.frombuffer(memory, dtype=np.uint8).reshape(8, CHUNK_BYTES)
+    tier = tier_over(DictBackend(), pool)
+    del pool
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.close()
+    memory.release()  # BufferError while the tier still held a view of it

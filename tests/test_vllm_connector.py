@@ -7,6 +7,7 @@ writer wrote (tests/vllm_engine.py). The worker's kernels run on the CUDA simula
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import subprocess
@@ -21,7 +22,7 @@ from tests.vllm_support import require_vllm
 
 require_vllm()
 
-from vllm.v1.kv_offload.base import GPULoadStoreSpec
+from vllm.v1.kv_offload.base import GPULoadStoreSpec, OffloadingWorker
 
 from numbakv import POLICIES
 from numbakv.integrations.vllm.config import ConfigError
@@ -67,6 +68,24 @@ def test_a_prefix_comes_back_from_numbakv_byte_exact_after_the_gpu_evicted_it(
     assert len(engine.loaded_requests) == 2
     assert engine.checked_after_load >= (4 + 6) * BLOCK_SIZE
     assert stats().being_stored == stats().being_read == 0
+    assert engine.worker.transfers.jobs_in_flight == 0
+
+
+def test_a_sync_load_comes_back_byte_exact_within_its_step(tmp_path):
+    """vLLM 0.33 loads a hit within the step when `sync_load_budget_bytes` allows
+    (`submit_load(..., expedited=True)`, then waits for it); vLLM 0.32 ignores the key and loads
+    as always, reporting the load finished before the request runs."""
+    sync_loads = "expedited" in inspect.signature(OffloadingWorker.submit_load).parameters
+    engine = Engine(
+        tmp_path, extra_config(cpu_bytes_to_use=64 * CHUNK_BYTES, sync_load_budget_bytes=1 << 20)
+    )
+    engine.serve(PREFIX + list(range(300, 300 + 2 * BLOCK_SIZE)))
+    fillers(engine)
+    checked = engine.checked_tokens
+    request_id = engine.serve(PREFIX + list(range(400, 400 + 2 * BLOCK_SIZE)))
+    assert engine.manager.manager.stats().loaded_blocks == 4
+    assert engine.loaded_requests == (set() if sync_loads else {request_id})
+    assert engine.checked_tokens >= checked + 4 * BLOCK_SIZE  # the loaded prefix, checked
     assert engine.worker.transfers.jobs_in_flight == 0
 
 

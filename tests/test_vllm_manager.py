@@ -23,6 +23,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from numbakv import POLICIES, CPUOffloadingManager
+from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
 from numbakv.tools.replay import replay
@@ -130,6 +131,43 @@ def test_events_are_vllm_offloading_events():
     assert list(manager.take_events()) == []
 
 
+def _event_log(manager) -> list[tuple]:
+    """Each key's announcements, whichever events carried them: (key, removed, metadata only)."""
+    return sorted(
+        (key, event.removed, getattr(event, "metadata_only", False))
+        for event in manager.take_events()
+        for key in event.keys
+    )
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_failed_store_is_announced_as_the_running_vllms_cpu_tier_announces_it(retry):
+    """vLLM 0.33 announces the keys of a failed store as a `metadata_only` removal, less those a
+    retry owns again by the time events are taken; vLLM 0.32 announces nothing."""
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager
+
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+    from tests.vllm_support import offloading_config
+
+    ours = NumbaKVOffloadingSpec(
+        offloading_config({"cpu_bytes_to_use": 4 * 4096}, events=True)
+    ).get_manager()
+    theirs = VLLMManager(num_chunks=4, enable_events=True)
+    for manager in (ours, theirs):
+        context = ReqContext(req_id="a")
+        manager.prepare_store(keys(1, 2, 3), context)
+        manager.complete_store(keys(1, 2), context)
+        manager.complete_store(keys(3), context, success=False)
+        first = manager.prepare_store(keys(4, 5), context)
+        manager.complete_store(first.keys_to_store, context, success=False)
+        if retry:
+            manager.prepare_store(keys(5), context)
+    announced = _event_log(theirs)
+    assert _event_log(ours) == announced
+    assert (key(3), True, True) in announced or not FAILED_STORE_EVENTS
+    assert _event_log(ours) == []  # announced once
+
+
 def test_a_finished_request_makes_its_chain_recent_head_first():
     """vLLM 0.32's order: a request's chunks become recent when it finishes, the head the most
     recent, so LRU evicts a chain from its tail; until then its loads count for nothing."""
@@ -231,6 +269,90 @@ def test_lru_and_arc_through_the_spec_hit_and_store_as_vllms_own_manager(
     assert BENCH.connector_replay(numbakv, keyed) == BENCH.connector_replay(vllm, keyed)
 
 
+class _Pair:
+    """vLLM's own CPU manager and numbakv's adapter, given the same calls, answers compared."""
+
+    def __init__(self, capacity: int, policy: str) -> None:
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager
+
+        self.sides = (
+            VLLMManager(num_chunks=capacity, cache_policy=policy),
+            adapter(capacity, policy),
+        )
+        self.contexts: dict[int, tuple[ReqContext, ReqContext]] = {}
+
+    def context(self, request: int, chain: list[bytes]) -> tuple[ReqContext, ReqContext]:
+        """The request's context on each side, its keys' end-token positions set as vLLM's
+        connector sets them (head first, 16 tokens a chunk)."""
+        if request not in self.contexts:
+            pair = (ReqContext(req_id=str(request)), ReqContext(req_id=str(request)))
+            for context, side in zip(pair, self.sides):
+                for position, block in enumerate(chain, 1):
+                    context.set_offload_key_position(block, 16 * position)
+                side.on_new_request(context)
+            self.contexts[request] = pair
+        return self.contexts[request]
+
+    def same(self, call: str, *args, contexts: tuple[ReqContext, ReqContext], **options):
+        """Make the call on both sides; their answers must agree."""
+        answers = [
+            getattr(side, call)(*args, context, **options)
+            for side, context in zip(self.sides, contexts)
+        ]
+        if call == "prepare_store":
+            answers = [
+                None if out is None else (out.keys_to_store, set(out.evicted_keys))
+                for out in answers
+            ]
+        elif call == "prepare_load":  # each side's own chunk ids
+            answers = [None, None]
+        assert answers[0] == answers[1], call
+        return answers[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(prefix_sharing_chains(), st.integers(1, 10), st.data())
+def test_lru_evicts_as_the_running_vllms_lru_for_interleaved_requests(chains, capacity, data):
+    """Requests that load, store in parts, fail and finish interleaved: lookups and evictions
+    as vLLM's own LRU, 0.32's or 0.33's (which ranks a running request's chunks by position)."""
+    pair = _Pair(capacity, "lru")
+    chains = [keys(*chain) for chain in chains[:6]]
+    loading: list[tuple[list[bytes], tuple]] = []
+    for _ in range(data.draw(st.integers(1, 40))):
+        request = data.draw(st.integers(0, len(chains) - 1))
+        chain = chains[request]
+        contexts = pair.context(request, chain)
+        action = data.draw(st.sampled_from(["load", "store", "complete", "finish"]))
+        if action == "load":
+            hits = 0
+            while hits < len(chain):
+                if pair.same("lookup", chain[hits], contexts=contexts) is not LookupResult.HIT:
+                    break
+                hits += 1
+            if hits:
+                pair.same("prepare_load", chain[:hits], contexts=contexts)
+                loading.append((chain[:hits], contexts))
+        elif action == "store":
+            start = data.draw(st.integers(0, len(chain) - 1))
+            part = chain[start : data.draw(st.integers(start + 1, len(chain)))]
+            stored = pair.same("prepare_store", part, contexts=contexts)
+            if stored is not None and stored[0]:
+                success = data.draw(st.booleans())
+                pair.same("complete_store", stored[0], contexts=contexts, success=success)
+        elif action == "complete" and loading:
+            loaded, load_contexts = loading.pop(data.draw(st.integers(0, len(loading) - 1)))
+            pair.same("complete_load", loaded, contexts=load_contexts)
+        elif action == "finish":
+            for loaded, load_contexts in [load for load in loading if load[1] is contexts]:
+                pair.same("complete_load", loaded, contexts=contexts)  # before it finishes
+            loading = [load for load in loading if load[1] is not contexts]
+            pair.same("on_request_finished", contexts=contexts)
+            del pair.contexts[request]  # its next request is another
+    probe = (ReqContext(req_id="probe"),) * 2
+    for key in {key for chain in chains for key in chain}:
+        pair.same("lookup", key, contexts=probe)
+
+
 def test_the_spec_sizes_the_host_tier_as_vllms_cpu_tier_does():
     from numbakv.integrations.vllm import NumbaKVOffloadingSpec
     from tests.vllm_support import offloading_config
@@ -310,6 +432,29 @@ def test_stores_skipped_by_the_threshold_are_counted_as_vllm_counts_them():
     manager.prepare_store(keys(1), context)
     assert _reduced(manager)[M.STORES_SKIPPED] == 1
     assert _reduced(manager)[M.STORES_SKIPPED] == 0  # each skip reported once
+
+
+def test_the_spec_reports_its_sizes_on_vllms_config_info_metric_as_vllms_cpu_tier():
+    """vLLM 0.33's `vllm:kv_offload_config_info`: the same labels and values as vLLM's CPU tier
+    of the same size (vLLM 0.32 has no such metric)."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    from numbakv.integrations.vllm import NumbaKVOffloadingSpec
+    from numbakv.integrations.vllm.compat import CPUOffloadingInfo
+    from tests.vllm_support import offloading_config
+
+    extra = {"cpu_bytes_to_use": 10 * 16_384 + 16_383, "blocks_per_chunk": 2}
+    if CPUOffloadingInfo is None:
+        assert NumbaKVOffloadingSpec.config_info_keys(extra) == ()
+        return
+    ours, theirs = (
+        spec_class(offloading_config(dict(extra), worker_kv_bytes_per_block=4096, world_size=2))
+        for spec_class in (NumbaKVOffloadingSpec, CPUOffloadingSpec)
+    )
+    assert type(ours).config_info_keys(extra) == type(theirs).config_info_keys(extra)
+    info = ours.get_manager().config_info()
+    assert info == theirs.get_manager().config_info()
+    assert (info[0]["cpu_num_chunks"], info[0]["cpu_kv_cache_size_bytes"]) == (10, 10 * 16_384)
 
 
 def test_the_spec_defines_vllms_cpu_tier_metrics():

@@ -26,8 +26,11 @@ def require_vllm() -> None:
         )
 
 
-def offloading_config(extra: dict, worker_kv_bytes_per_block: int = 4096, **parallel):
-    """vLLM's OffloadingConfig for one group of 16-token blocks, as the connector builds it."""
+def offloading_config(
+    extra: dict, worker_kv_bytes_per_block: int = 4096, events: bool = False, **parallel
+):
+    """vLLM's OffloadingConfig for one group of 16-token blocks, as the connector builds it
+    (`events`: vLLM's KV cache events on)."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -41,7 +44,7 @@ def offloading_config(extra: dict, worker_kv_bytes_per_block: int = 4096, **para
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(16, ("layer",), 0),),
         worker_kv_bytes_per_block=worker_kv_bytes_per_block,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={"spec_name": "NumbaKVOffloadingSpec", **extra},
         engine_id="engine",
         model=OffloadingModelConfig("tiny", "float16"),

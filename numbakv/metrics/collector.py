@@ -1,9 +1,9 @@
-"""In-process export: a collector that reads the manager and the transfer totals when Prometheus
-scrapes, one family per definition of :mod:`numbakv.metrics.definitions`."""
+"""In-process export: a collector that reads the manager, the transfer totals and the tiers below
+host memory when Prometheus scrapes, one family per definition of :mod:`numbakv.metrics.definitions`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -12,10 +12,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from numbakv.metrics.definitions import (
+    TIER,
     TRANSFERS,
     Definition,
     ManagerLike,
     Source,
+    TierLike,
     manager_definitions,
 )
 from numbakv.metrics.recording import TransferRecorder
@@ -30,18 +32,25 @@ Series = tuple[tuple[tuple[str, ...], Callable[[Any], Any]], ...]
 
 
 class ScrapeCollector(Collector):
-    """In-process export: reads the manager and the transfer totals when Prometheus scrapes."""
+    """In-process export: reads the manager, the transfer totals and the tiers (by name) when
+    Prometheus scrapes."""
 
     def __init__(
-        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str
+        self,
+        manager: ManagerLike | None,
+        transfers: TransferRecorder,
+        instance: str,
+        tiers: Mapping[str, TierLike] | None = None,
     ) -> None:
         self._manager = manager
+        self._tiers = dict(tiers or {})
         self._transfers = transfers
         self._instance = instance
         self._manager_families = (
             () if manager is None else _with_series(manager_definitions(manager.policy_name))
         )
         self._transfer_families = _with_series(TRANSFERS)
+        self._tier_families = _with_series(TIER) if self._tiers else ()
 
     def collect(self) -> Iterator[Metric]:
         if self._manager is not None:
@@ -56,6 +65,9 @@ class ScrapeCollector(Collector):
         totals = [((d, self._instance), t.copy()) for d, t in self._transfers.totals.items()]
         for definition, series in self._transfer_families:
             yield _family(definition, series, totals)
+        tiers = [((name, self._instance), tier.counters) for name, tier in self._tiers.items()]
+        for definition, series in self._tier_families:
+            yield _family(definition, series, tiers)
 
 
 def _with_series(definitions: Sequence[Definition]) -> tuple[tuple[Definition, Series], ...]:

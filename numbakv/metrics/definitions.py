@@ -9,7 +9,9 @@ sidecar's ``/stats`` finds its names in it, so that a metric is defined in one p
   policy's own names, keyed by the manager's ``policy_name`` (the policy registry's name: a policy
   loaded by import path exports no policy state);
 - :data:`TRANSFERS`: transfer jobs, read from the totals of each direction
-  (:class:`~numbakv.metrics.recording.TransferTotals`).
+  (:class:`~numbakv.metrics.recording.TransferTotals`);
+- :data:`TIER`: each tier below host memory (Redis, a disk), read from its
+  ``numbakv.tiers.TierCounters``, one series per tier name.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ DURATION_BUCKETS_SECONDS = (
 
 MANAGER_LABELS = ("policy", "instance")
 TRANSFER_LABELS = ("direction", "instance")
+TIER_LABELS = ("tier", "instance")
 
 
 class ManagerLike(Protocol):
@@ -57,6 +60,12 @@ class ManagerLike(Protocol):
     def policy_stats(self) -> dict[str, float]: ...
 
 
+class TierLike(Protocol):
+    """What the metrics read from a ``numbakv.tiers.ChunkTier``."""
+
+    counters: Any  # TierCounters: ints, and Latency histograms (buckets, seconds)
+
+
 class Source(enum.Enum):
     """Where a metric's values are read, once per export; the labels of its series follow."""
 
@@ -66,10 +75,14 @@ class Source(enum.Enum):
     """A key of the policy's gauges, 0 when absent; labels ``policy``, ``instance``."""
     TRANSFERS = "TransferTotals"
     """A field of one direction's transfer totals; labels ``direction``, ``instance``."""
+    TIER = "TierCounters"
+    """A field (or dotted path) of a tier's counters; labels ``tier``, ``instance``."""
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return TRANSFER_LABELS if self is Source.TRANSFERS else MANAGER_LABELS
+        return {Source.TRANSFERS: TRANSFER_LABELS, Source.TIER: TIER_LABELS}.get(
+            self, MANAGER_LABELS
+        )
 
     def reader(self, *fields: str) -> Callable[[Any], Any]:
         """Reads ``fields`` from what this source gives: one value, or a tuple of them (a policy's
@@ -100,6 +113,8 @@ class Definition:
     the field it reads."""
     bounds: tuple[float, ...] = ()
     """A histogram's bucket upper bounds, without +Inf."""
+    label_values: tuple[str, ...] = ()
+    """With ``label``: each field's series' label value, where it is not the field's name."""
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -115,7 +130,10 @@ class Definition:
         ``label``'s, or none) and the reader of its value (a histogram's: (counts, sum))."""
         if self.label is None:
             return (((), self.source.reader(*self.fields)),)
-        return tuple(((field,), self.source.reader(field)) for field in self.fields)
+        values = self.label_values or self.fields
+        return tuple(
+            ((value,), self.source.reader(field)) for field, value in zip(self.fields, values)
+        )
 
 
 def _stat(field: str, name: str, kind: MetricType, help: str) -> Definition:
@@ -238,11 +256,88 @@ TRANSFERS: tuple[Definition, ...] = (
 """Transfer jobs' metrics, one series per direction."""
 
 
+def _tier(field: str, name: str, kind: MetricType, help: str) -> Definition:
+    return Definition(name, kind, help, Source.TIER, (field,))
+
+
+def _tier_latency(what: str, name: str, help: str) -> Definition:
+    fields = (f"{what}.buckets", f"{what}.seconds")
+    return Definition(name, "histogram", help, Source.TIER, fields, bounds=DURATION_BUCKETS_SECONDS)
+
+
+TIER: tuple[Definition, ...] = (
+    _tier("lookups", "numbakv_tier_lookups", "counter", "Chunks looked up in a tier."),
+    _tier("lookup_hits", "numbakv_tier_lookup_hits", "counter", "Chunks a tier's lookups found."),
+    _tier(
+        "late_lookups",
+        "numbakv_tier_late_lookups",
+        "counter",
+        "Batched lookups answered as misses at the tier's deadline.",
+    ),
+    Definition(
+        "numbakv_tier_loaded_chunks",
+        "counter",
+        "Chunks loaded from a tier into host memory, by whose write: this engine's or another's.",
+        Source.TIER,
+        ("loaded_own", "loaded_other"),
+        label="writer",
+        label_values=("own", "other"),
+    ),
+    _tier("loaded_bytes", "numbakv_tier_loaded_bytes", "counter", "Bytes loaded from a tier."),
+    _tier("stored", "numbakv_tier_stored_chunks", "counter", "Chunks stored in a tier."),
+    _tier("stored_bytes", "numbakv_tier_stored_bytes", "counter", "Bytes stored in a tier."),
+    _tier(
+        "dropped_stores",
+        "numbakv_tier_dropped_stores",
+        "counter",
+        "Chunks not stored: refused by the store (full) or unreachable.",
+    ),
+    _tier(
+        "integrity_failures",
+        "numbakv_tier_integrity_failures",
+        "counter",
+        "Stored chunks whose header or checksum did not match: deleted, never loaded.",
+    ),
+    _tier(
+        "unavailable",
+        "numbakv_tier_unavailable_calls",
+        "counter",
+        "Calls that found the store unreachable or were skipped while the breaker was open.",
+    ),
+    _tier(
+        "breaker_opens",
+        "numbakv_tier_breaker_opens",
+        "counter",
+        "Times the tier's circuit breaker opened (the store found unreachable).",
+    ),
+    _tier(
+        "breaker_open",
+        "numbakv_tier_breaker_open",
+        "gauge",
+        "1 while the tier has stopped calling its store, found unreachable.",
+    ),
+    _tier_latency(
+        "lookup_latency",
+        "numbakv_tier_lookup_duration_seconds",
+        "Wall time of a tier's batched lookups at the store (one round trip).",
+    ),
+    _tier_latency(
+        "load_latency", "numbakv_tier_load_duration_seconds", "Wall time of a tier's load jobs."
+    ),
+    _tier_latency(
+        "store_latency", "numbakv_tier_store_duration_seconds", "Wall time of a tier's store jobs."
+    ),
+)
+"""A tier's metrics below host memory, one series per tier."""
+
+
 def manager_definitions(policy_name: str) -> tuple[Definition, ...]:
     """What a manager with this policy exports: :data:`MANAGER`, then its policy's state, if any."""
     return MANAGER + POLICY_STATE.get(policy_name, ())
 
 
 def definition_of(source: Source, field: str) -> Definition:
-    """The manager's or transfers' metric that reads ``field`` of ``source``."""
-    return next(d for d in (*MANAGER, *TRANSFERS) if d.source is source and field in d.fields)
+    """The manager's, transfers' or tiers' metric that reads ``field`` of ``source``."""
+    return next(
+        d for d in (*MANAGER, *TRANSFERS, *TIER) if d.source is source and field in d.fields
+    )

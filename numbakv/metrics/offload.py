@@ -6,13 +6,14 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from numbakv.metrics import liveness
 from numbakv.metrics.collector import ScrapeCollector
-from numbakv.metrics.definitions import ManagerLike
+from numbakv.metrics.definitions import ManagerLike, TierLike
 from numbakv.metrics.recording import TransferRecorder
 from numbakv.metrics.writer import MultiprocessWriter
 
@@ -34,7 +35,8 @@ def multiprocess_mode() -> bool:
 
 
 class OffloadMetrics:
-    """One process's metrics: pass ``on_job_done`` to the transfer engine, the manager at construction.
+    """One process's metrics: pass ``on_job_done`` to the transfer engine, the manager (and the
+    tiers below host memory, by name) at construction.
 
     ``enabled=False`` (or ``NUMBAKV_METRICS=0``) makes every method a no-op and registers nothing.
     In multiprocess mode, call :meth:`sync` per engine step or :meth:`start_sync_thread` once;
@@ -48,6 +50,7 @@ class OffloadMetrics:
         instance: str = "default",
         registry: CollectorRegistry | None = REGISTRY,
         enabled: bool | None = None,
+        tiers: Mapping[str, TierLike] | None = None,
     ) -> None:
         self.enabled = metrics_enabled() if enabled is None else enabled
         self.instance = instance
@@ -65,10 +68,10 @@ class OffloadMetrics:
             # that drops its live gauges is registered before (so runs after) every close().
             path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
             liveness.join(path)
-            self._writer = MultiprocessWriter(manager, self._transfers, instance, path)
+            self._writer = MultiprocessWriter(manager, self._transfers, instance, path, tiers)
             atexit.register(self.close)
         elif registry is not None:
-            self._collector = ScrapeCollector(manager, self._transfers, instance)
+            self._collector = ScrapeCollector(manager, self._transfers, instance, tiers)
             registry.register(self._collector)
         self._registry = registry
 

@@ -4,7 +4,7 @@ metrics, one prometheus-client metric per definition of :mod:`numbakv.metrics.de
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -13,10 +13,13 @@ from prometheus_client.metrics import MetricWrapperBase
 from numbakv.metrics import liveness
 from numbakv.metrics.definitions import (
     DIRECTIONS,
+    DURATION_BUCKETS_SECONDS,
+    TIER,
     TRANSFERS,
     Definition,
     ManagerLike,
     Source,
+    TierLike,
     manager_definitions,
 )
 from numbakv.metrics.recording import TransferRecorder, TransferTotals
@@ -37,7 +40,12 @@ class MultiprocessWriter:
     """
 
     def __init__(
-        self, manager: ManagerLike | None, transfers: TransferRecorder, instance: str, path: str
+        self,
+        manager: ManagerLike | None,
+        transfers: TransferRecorder,
+        instance: str,
+        path: str,
+        tiers: Mapping[str, TierLike] | None = None,
     ) -> None:
         self._path = path
         self._manager = manager
@@ -68,6 +76,15 @@ class MultiprocessWriter:
                 histogram = definition.type == "histogram"
                 last = read(_NO_JOBS) if histogram else 0
                 self._transfer_series[direction].append([child, read, histogram, last])
+        # Each tier's: (its counters, [[child, reader, type, value last written], ...]).
+        self._tier_series: list[tuple[TierLike, list[list]]] = []
+        tier_series = _series(TIER) if tiers else []
+        for name, tier in (tiers or {}).items():
+            rows = []
+            for definition, metric, extra, read in tier_series:
+                child = metric.labels(name, instance, *extra)
+                rows.append([child, read, definition.type, _NO_TIER_VALUE[definition.type]])
+            self._tier_series.append((tier, rows))
 
     def sync(self) -> None:
         """Write the deltas since the last call; a few microseconds per changed value."""
@@ -77,6 +94,7 @@ class MultiprocessWriter:
             if self._manager is not None:
                 self._sync_manager()
             self._sync_transfers()
+            self._sync_tiers()
 
     def _sync_manager(self) -> None:
         """Counters are increased by what they moved; gauges are set when they changed (each
@@ -114,6 +132,36 @@ class MultiprocessWriter:
                 else:
                     continue
                 series[3] = value
+
+    def _sync_tiers(self) -> None:
+        """Counters and histograms increased by what they moved, gauges set when they changed."""
+        for tier, rows in self._tier_series:
+            counters = tier.counters
+            for row in rows:
+                child, read, kind, last = row
+                value = read(counters)
+                if kind == "histogram":
+                    value = counts, seconds = list(value[0]), value[1]
+                    if counts == last[0]:
+                        continue
+                    _add_to_histogram(
+                        child, [n - l for n, l in zip(counts, last[0])], seconds - last[1]
+                    )
+                elif value == last:
+                    continue
+                elif kind == "counter":
+                    child.inc(value - last)
+                else:
+                    child.set(value)
+                row[3] = value
+
+
+_NO_TIER_VALUE = {
+    "counter": 0,
+    "gauge": None,
+    "histogram": ([0] * (len(DURATION_BUCKETS_SECONDS) + 1), 0.0),
+}
+"""What a tier's series starts from, by type: a gauge is written at the first sync."""
 
 
 def _series(

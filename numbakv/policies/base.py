@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
+from numbakv.request_access import RequestAccess
 from numbakv.specs import BlockHash
 
 NOT_READY = -1
@@ -69,6 +70,15 @@ class CachePolicy(ABC):
         it loaded or found stored. By default all are touched, head first.
         """
         self.touch(block_hashes)
+
+    def request_access(self, request: RequestAccess, block_hashes: Sequence[BlockHash]) -> None:
+        """Blocks a running request names for the first time (loaded, found stored, or about to
+        be stored, before any goes in), where it knows their token positions
+        (`request.positions`, from vLLM 0.33). Nothing by default; LRU ranks them by position."""
+
+    def request_inserted(self, request: RequestAccess, block_hashes: Sequence[BlockHash]) -> None:
+        """Blocks that request just inserted (where it knows positions, as above). Nothing by
+        default; LRU ranks them by position."""
 
     @abstractmethod
     def evict(self, n: int, protected: AbstractSet[BlockHash]) -> list[tuple[BlockHash, int]]:

@@ -53,5 +53,9 @@ class ChunkBackend(ABC):
     def delete(self, keys: Sequence[bytes]) -> None:
         """Remove the keys' values, if present."""
 
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark the keys as used now, the first as the most recent, for a store that evicts by
+        its own policy (the disk tier); in memory only, never I/O. Others ignore it."""
+
     def close(self) -> None:
         """Release connections, files and threads."""

@@ -1,7 +1,9 @@
 """A stored chunk's header: what a reader checks before a byte of the payload reaches host memory.
 
 Every value a tier stores is this fixed header, then the payload (one chunk's bytes as they lie in
-a host-pool row). The checksum is XXH3-64 of the payload, fast enough to check at memory speed.
+a host-pool row). The checksum is XXH3-64 of the payload, fast enough to check at memory speed,
+seeded by the chunk's key when the tier gives one: a whole value stored under another key (a
+backend's mix-up, a copied file) fails it too.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ class ChunkHeader:
     checksum: int
 
 
-def checksum(payload: memoryview) -> int:
-    """XXH3-64 of the payload, read in place."""
-    return xxhash.xxh3_64_intdigest(payload)
+def checksum(payload: memoryview, key: bytes = b"") -> int:
+    """XXH3-64 of the payload, read in place, seeded by the XXH3-64 of `key` (0 without one)."""
+    seed = xxhash.xxh3_64_intdigest(key) if key else 0
+    return xxhash.xxh3_64_intdigest(payload, seed=seed)
 
 
-def encode_header(namespace: bytes, writer: bytes, payload: memoryview) -> bytes:
-    """The header for `payload`, written by `writer` in `namespace` (a 16-byte digest)."""
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, namespace, writer, payload.nbytes, checksum(payload))
+def encode_header(namespace: bytes, writer: bytes, payload: memoryview, key: bytes = b"") -> bytes:
+    """The header for `payload`, stored under `key` by `writer` in `namespace` (a 16-byte digest)."""
+    return _HEADER.pack(
+        MAGIC, FORMAT_VERSION, namespace, writer, payload.nbytes, checksum(payload, key)
+    )
 
 
 def parse_header(header: bytes | memoryview) -> ChunkHeader:
@@ -56,15 +61,17 @@ def parse_header(header: bytes | memoryview) -> ChunkHeader:
     return ChunkHeader(namespace, writer, length, digest)
 
 
-def verify(header: ChunkHeader, namespace: bytes, payload: memoryview, found_bytes: int) -> None:
+def verify(
+    header: ChunkHeader, namespace: bytes, payload: memoryview, found_bytes: int, key: bytes = b""
+) -> None:
     """Raise CorruptChunk naming the first check `payload` fails: namespace, length, checksum.
 
     `found_bytes` is how many payload bytes the store held (a truncated value holds fewer than its
-    header promises); `payload` is where they were copied.
+    header promises); `payload` is where they were copied from under `key`.
     """
     if header.namespace != namespace:
         raise CorruptChunk("namespace")
     if not header.payload_bytes == found_bytes == payload.nbytes:
         raise CorruptChunk("length")
-    if checksum(payload) != header.checksum:
+    if checksum(payload, key) != header.checksum:
         raise CorruptChunk("checksum")

@@ -2,25 +2,29 @@
 
 One row of the host pool is one chunk, one key one value. What every backend shares lives here: the
 header written with each payload and checked before a loaded chunk counts, the threads that keep
-I/O off the engine's step, a deadline on lookups (late is a miss), jobs reported as `FinishedJob`s,
-and the rule that a chunk whose load failed is not found again until it is stored anew.
+I/O off the engine's step, a deadline on lookups (late is a miss), a circuit breaker that stops
+calling a store found unreachable, jobs reported as `FinishedJob`s, and the rule that a chunk whose
+load failed is not found again until it is stored anew.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
 import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from queue import SimpleQueue
 
 import numpy as np
 
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
+from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend
+from numbakv.tiers.breaker import CircuitBreaker
 from numbakv.tiers.chunk_format import (
     HEADER_BYTES,
     CorruptChunk,
@@ -34,6 +38,20 @@ logger = logging.getLogger("numbakv.tiers")
 
 DEFAULT_LOOKUP_DEADLINE_S = 0.005
 DEFAULT_IO_THREADS = 4
+DEFAULT_BREAKER_COOLDOWN_S = 5.0
+
+
+@dataclass(slots=True)
+class Latency:
+    """A histogram of durations: counts per bucket of `DURATION_BUCKETS_SECONDS` (the last past
+    every bound, not cumulative) and their sum."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
+    seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS_SECONDS, seconds)] += 1
+        self.seconds += seconds
 
 
 @dataclass
@@ -50,7 +68,14 @@ class TierCounters:
     stored_bytes: int = 0
     dropped_stores: int = 0  # refused by the store (full) or failed
     integrity_failures: int = 0  # values whose header did not match: deleted, never loaded
-    unavailable: int = 0  # calls that found the store unreachable
+    unavailable: int = (
+        0  # calls that found the store unreachable, or skipped while the breaker was open
+    )
+    breaker_opens: int = 0
+    breaker_open: int = 0  # 1 while the breaker is open: a gauge among the totals
+    lookup_latency: Latency = field(default_factory=Latency)  # one per batched lookup answered
+    load_latency: Latency = field(default_factory=Latency)  # one per load job
+    store_latency: Latency = field(default_factory=Latency)  # one per store job
 
 
 class ChunkTier:
@@ -58,7 +83,8 @@ class ChunkTier:
 
     `host_pool` is a 2-D uint8 array, one row per chunk (a view of the host tier's memory, never a
     copy); `namespace` is checked in every value loaded; `writer_id` (8 bytes, random by default)
-    tells this engine's writes from others'.
+    tells this engine's writes from others'. After a call finds the store unreachable, the tier
+    stops calling it for `breaker_cooldown_s` (lookups are misses, jobs fail), then probes it.
     """
 
     def __init__(
@@ -70,6 +96,7 @@ class ChunkTier:
         writer_id: bytes | None = None,
         io_threads: int = DEFAULT_IO_THREADS,
         lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S,
+        breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
         if not (
@@ -90,6 +117,7 @@ class ChunkTier:
             raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
         if not lookup_deadline_s > 0:
             raise ValueError(f"lookup_deadline_s must be > 0 seconds, got {lookup_deadline_s!r}")
+        self._breaker = CircuitBreaker(breaker_cooldown_s, type(backend).__name__)
         self.backend = backend
         self.namespace = namespace
         self.writer_id = writer_id
@@ -111,6 +139,16 @@ class ChunkTier:
     def chunk_bytes(self) -> int:
         return self._pool.shape[1]
 
+    @property
+    def num_rows(self) -> int:
+        """Rows of the host pool the tier reads and writes (one chunk each)."""
+        return self._pool.shape[0]
+
+    @property
+    def breaker_open(self) -> bool:
+        """Whether the tier has stopped calling its store, found unreachable."""
+        return self._breaker.is_open
+
     def lookup(self, keys: Sequence[bytes]) -> Future[list[bool]]:
         """Start a batched lookup; its future holds which keys are there to load."""
         keys = _checked_keys(keys)
@@ -125,6 +163,11 @@ class ChunkTier:
             with self._lock:
                 self.counters.late_lookups += 1
             return [False] * len(keys)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark the keys as used now, the first as the most recent, on the caller's thread: the
+        backend keeps recency in memory (its policy's), or ignores it."""
+        self.backend.touch(_checked_keys(keys))
 
     def submit_store(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
         """Store the chunks in host-pool `rows` under `keys`; the rows must not change until done."""
@@ -156,11 +199,13 @@ class ChunkTier:
                 future.exception()  # waits; jobs report their own failures
 
     def close(self) -> None:
-        """Finish every submitted job, then release the threads and the backend."""
+        """Finish every submitted job, then release the threads, the backend and the host pool
+        (a view of the host tier's memory, which its owner can then unmap)."""
         self.drain()
         self._lookup_thread.shutdown()
         self._io_threads.shutdown()
         self.backend.close()
+        self._pool = None
 
     def _checked_job(
         self, keys: Sequence[bytes], rows: Sequence[int]
@@ -188,29 +233,54 @@ class ChunkTier:
         with self._lock:
             self._pending.discard(future)
 
+    def _call(self, method, *args):
+        """Call the backend through the breaker; BackendUnavailable when it is open or the store
+        is unreachable (counted)."""
+        if not self._breaker.allow():
+            with self._lock:
+                self.counters.unavailable += 1
+            raise BackendUnavailable("breaker open")
+        try:
+            result = method(*args)
+        except BackendUnavailable as error:
+            self._breaker.failed(error)
+            with self._lock:
+                self.counters.unavailable += 1
+                self.counters.breaker_opens = self._breaker.opened
+                self.counters.breaker_open = 1
+            raise
+        self._breaker.succeeded()
+        self.counters.breaker_open = 0
+        return result
+
     def _lookup(self, keys: list[bytes]) -> list[bool]:
+        start = time.perf_counter()
         found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
         with self._lock:
             found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
             self.counters.lookups += len(keys)
             self.counters.lookup_hits += sum(found)
+            self.counters.lookup_latency.observe(time.perf_counter() - start)
         return found
 
-    def _ask_backend(self, call, failed_answer, *args):
-        """`call(*args)`, or `failed_answer` when the store fails: a tier never fails its caller."""
+    def _ask_backend(self, method, failed_answer, *args):
+        """`method(*args)` through the breaker, or `failed_answer` when the store fails: a tier
+        never fails its caller."""
         try:
-            return call(*args)
+            return self._call(method, *args)
         except BackendUnavailable:
-            with self._lock:
-                self.counters.unavailable += 1
+            pass  # counted by _call
         except Exception:
-            logger.exception("numbakv tier: %s failed", call.__name__)
+            logger.exception("numbakv tier: %s failed", method.__name__)
         return failed_answer
 
     def _store(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
         start = time.perf_counter()
         payloads = [memoryview(self._pool[row]) for row in rows]
-        headers = [encode_header(self._namespace_digest, self.writer_id, p) for p in payloads]
+        headers = [
+            encode_header(self._namespace_digest, self.writer_id, p, key)
+            for key, p in zip(keys, payloads)
+        ]
         written = self._ask_backend(
             self.backend.write, [False] * len(keys), keys, headers, payloads
         )
@@ -236,7 +306,7 @@ class ChunkTier:
                 continue
             try:
                 header = parse_header(value.header)
-                verify(header, self._namespace_digest, payload, value.payload_bytes)
+                verify(header, self._namespace_digest, payload, value.payload_bytes, key)
             except CorruptChunk as error:
                 logger.warning(
                     "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
@@ -262,12 +332,20 @@ class ChunkTier:
         self, job_id: Hashable, direction: Direction, keys: list[bytes], failed: tuple, start: float
     ) -> None:
         moved = len(keys) - len(failed)
+        seconds = time.perf_counter() - start
+        latency = (
+            self.counters.load_latency
+            if direction is Direction.LOAD
+            else self.counters.store_latency
+        )
+        with self._lock:
+            latency.observe(seconds)
         job = FinishedJob(
             job_id,
             direction,
             success=not failed,
             nbytes=moved * self.chunk_bytes,
-            seconds=time.perf_counter() - start,
+            seconds=seconds,
             failed_keys=failed,
         )
         if self._on_job_done is not None:

@@ -1,11 +1,14 @@
 """The whole path, end to end: a paged GPU KV cache too small for its workload, offloaded and back.
 
     python -m numbakv.demo [--trace FILE] [--policy lru] [--mode eager|lazy] [sizes...] [--json]
+        [--tier dir:PATH | redis://HOST:PORT/DB [--tiering demote|write-through]]
 
 A stand-in engine replays a multi-turn chat workload (or a Mooncake trace) over a GPU block pool
 that cannot hold it: it reuses blocks still on the GPU, loads what the host tier has, "computes"
 the rest, and offloads through numbakv. Each block's content is derived from its hash, so every
-block loaded back is checked byte for byte against what its hash says it must hold.
+block loaded back is checked byte for byte against what its hash says it must hold. With --tier,
+two engines in two processes, one after the other, replay the workload over one tier below host
+memory: the second finds what the first stored there.
 """
 
 from __future__ import annotations
@@ -15,18 +18,21 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from multiprocessing import get_context
 from typing import Any, TextIO
 
 import numpy as np
 
 from numbakv.jobs import FinishedJob
 from numbakv.manager import CPUOffloadingManager
-from numbakv.offloader import KVOffloader
+from numbakv.offloader import TIERINGS, KVOffloader
 from numbakv.policies import POLICIES, resolve_policy
 from numbakv.simulator import simulate_without_gpu
 from numbakv.tools.belady import BELADY
 from numbakv.tools.cli import INTERRUPTED, Parser, positive_int, print_json
+from numbakv.tools.demo_tier import TierOpenError, demo_namespace, open_tier, tier_spec_error
 from numbakv.tools.planning import bytes_label
 from numbakv.tools.progress import track
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
@@ -37,6 +43,10 @@ KV_ITEM_BYTES = 2  # float16
 
 DEFAULT_GPU_BLOCKS = 96
 """GPU blocks of the stand-in engine unless a request needs more (a trace's longest, say)."""
+FIRST_REQUESTS = 10
+"""The second engine's first requests, whose hits in the tier below show what is shared."""
+ENGINES = 2
+"""Engines, each in a process of its own, that the demo runs over one tier below host memory."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,10 @@ class DemoConfig:
     trace: str | None = None
     requests: int | None = None  # the first this many requests of the workload; None: all
     launch: Mapping[str, Any] | None = None  # TransferEngine's launch options; None: by device
+    tier: str | None = None  # a tier below host memory: "dir:PATH" or a redis:// URL
+    # How blocks reach the tier: the first engine exits before the second starts, and demotion
+    # would leave behind what still sits in its host memory (numbakv.offloader.TIERINGS).
+    tiering: str = "write-through"
 
 
 @dataclass
@@ -61,6 +75,10 @@ class DemoReport:
     references: int = 0
     gpu_hits: int = 0
     host_hits: int = 0
+    tier_hits: int = 0  # promoted from the tier below into host memory, then loaded
+    first_requests_tier_hits: int = 0  # of those, in the first FIRST_REQUESTS requests
+    tier_hits_from_others: int = 0  # promoted blocks another engine (process) stored
+    tier_stored: int = 0  # blocks this engine copied down to the tier
     computed: int = 0
     verified: int = 0
     mismatched: int = 0
@@ -124,15 +142,23 @@ class StandInEngine:
         launch = config.launch
         if launch is None:  # the engine's defaults on a GPU; few threads for the interpreter
             launch = SIMULATOR_LAUNCH if simulate_without_gpu() else {}
+        host_pool = HostPool.for_layout(layout, config.host_blocks)
+        self.tier = None
+        if config.tier is not None:
+            namespace = demo_namespace(
+                config.num_layers,
+                config.block_size,
+                config.num_kv_heads,
+                config.head_size,
+                KV_ITEM_BYTES,
+            )
+            self.tier = open_tier(config.tier, host_pool.blocks, namespace)
         self.offloader = KVOffloader(
             CPUOffloadingManager(config.block_size, config.host_blocks, cache_policy=config.policy),
-            TransferEngine(
-                layout,
-                HostPool.for_layout(layout, config.host_blocks),
-                on_job_done=self._count,
-                **launch,
-            ),
+            TransferEngine(layout, host_pool, on_job_done=self._count, **launch),
             mode=config.mode,
+            tier=self.tier,
+            tiering=config.tiering,
         )
         self.staging = HostPool.for_layout(layout, config.gpu_blocks)
         self.compute = TransferEngine(layout, self.staging, **launch)
@@ -157,7 +183,7 @@ class StandInEngine:
             gpu_hits += 1
         rest = chain[gpu_hits:]
         self.offloader.touch(chain)
-        host_hits = self.offloader.lookup(rest)
+        host_hits, tier_hits = self._lookup(rest)
         gpu_ids = self._allocate(len(rest), keep=set(chain[:gpu_hits]))
         if host_hits:
             job = self.offloader.load(rest[:host_hits], gpu_ids[:host_hits])
@@ -172,8 +198,34 @@ class StandInEngine:
         self.gpu_cache.update(zip(rest, gpu_ids.tolist()))
         self.offloader.poll()
         report.gpu_hits += gpu_hits
-        report.host_hits += host_hits
+        report.host_hits += host_hits - tier_hits
+        report.tier_hits += tier_hits
+        if report.requests <= FIRST_REQUESTS:
+            report.first_requests_tier_hits += tier_hits
         report.computed += len(computed)
+
+    def _lookup(self, block_hashes: list[int]) -> tuple[int, int]:
+        """The host tier's hits, and how many of them were promoted from the tier below first.
+
+        This engine waits for a promotion; a real one serves other requests meanwhile.
+        """
+        hits = self.offloader.lookup(block_hashes)
+        if hits is not None:
+            return hits, 0
+        counters = self.tier.counters
+        before = counters.loaded_own + counters.loaded_other
+        while hits is None:
+            self.offloader.drain()
+            hits = self.offloader.lookup(block_hashes)
+        return hits, min(hits, counters.loaded_own + counters.loaded_other - before)
+
+    def close(self) -> None:
+        """Finish every job; count what the tier below stored and served, and close it."""
+        self.offloader.drain()
+        if self.tier is not None:
+            self.report.tier_stored = self.tier.counters.stored
+            self.report.tier_hits_from_others = self.tier.counters.loaded_other
+            self.tier.close()
 
     def _allocate(self, n: int, keep: set) -> np.ndarray:
         """n GPU blocks: free ones first, then the least recently used not in this request."""
@@ -256,7 +308,7 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     try:
         for chain in track(chains, "serving", len(chains), "req", progress):
             engine.serve(chain)
-        engine.offloader.drain()
+        engine.close()
     except KeyboardInterrupt:
         report.seconds = time.perf_counter() - started
         raise DemoInterrupted(report, len(chains)) from None
@@ -264,9 +316,19 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     return report
 
 
+def run_engines(config: DemoConfig, progress: bool = False) -> list[DemoReport]:
+    """Run the demo in ENGINES processes, one after the other, over `config.tier`: each later
+    engine finds in the tier what the earlier ones stored. Ctrl-C raises KeyboardInterrupt."""
+    reports = []
+    for _ in range(ENGINES):
+        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as process:
+            reports.append(process.submit(run, config, None, progress).result())
+    return reports
+
+
 def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    hits = report.gpu_hits + report.host_hits
+    hits = report.gpu_hits + report.host_hits + report.tier_hits
     source = config.trace or f"built-in multi-turn chat, {config.sessions} sessions"
     first = f", its first {config.requests:,} requests" if config.requests else ""
     print(f"workload       {source}{first}", file=out)
@@ -276,11 +338,19 @@ def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) ->
         file=out,
     )
     print(f"requests       {report.requests:,}, {report.references:,} block references", file=out)
+    tier = f" + tier below {report.tier_hits:,}" if config.tier else ""
     print(
-        f"hit ratio      {hits / max(1, report.references):.3f}  "
-        f"(GPU {report.gpu_hits:,} + host tier {report.host_hits:,}; computed {report.computed:,})",
+        f"hit ratio      {hits / max(1, report.references):.3f}  (GPU {report.gpu_hits:,} + "
+        f"host tier {report.host_hits:,}{tier}; computed {report.computed:,})",
         file=out,
     )
+    if config.tier:
+        print(
+            f"tier below     {config.tier} ({config.tiering}): {report.tier_stored:,} blocks "
+            f"stored, {report.tier_hits_from_others:,} loaded that another engine stored; "
+            f"{report.first_requests_tier_hits:,} hits in the first {FIRST_REQUESTS} requests",
+            file=out,
+        )
     for direction, name in (("store", "GPU -> host"), ("load", "host -> GPU")):
         seconds, moved = report.transfer_seconds[direction], report.bytes_moved[direction]
         # The simulator's events have no clock: no time, no rate (rather than "0 GB/s").
@@ -348,6 +418,22 @@ def _parser() -> Parser:
             help=f"{about} (default: {DEFAULTS_SAID.get(name, '%(default)s')})",
         )
     parser.add_argument(
+        "--tier",
+        metavar="TIER",
+        help="a tier below host memory, shared by two engines run one after the other in two "
+        "processes: dir:PATH (a local directory, bounded at 1 GiB) or redis://HOST:PORT/DB "
+        "(default: none, one engine)",
+    )
+    parser.add_argument(
+        "--tiering",
+        choices=TIERINGS,
+        default=defaults.tiering,
+        help="how blocks reach the tier below: write-through (every stored block is copied "
+        "down, so the second engine finds all the first computed) or demote (a block evicted "
+        "from host memory moves down; what the first engine still holds at exit is not "
+        "shared) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the report as one JSON document on stdout, the human-readable text on "
@@ -366,6 +452,8 @@ def _check(parser: Parser, config: DemoConfig) -> None:
         if ":" in config.policy:
             parser.error(f"argument --policy: {error}")
         parser.bad("--policy", config.policy, f"one of {', '.join(POLICIES)}, or module:Class")
+    if config.tier is not None and (expected := tier_spec_error(config.tier)):
+        parser.bad("--tier", config.tier, expected)
     if config.trace is not None:
         try:
             check_trace(config.trace)
@@ -391,25 +479,30 @@ def main(argv: list[str] | None = None) -> int:
     _check(parser, config)
     text = sys.stderr if as_json else sys.stdout
     try:
-        report = run(config, progress=True)
+        reports = [run(config, progress=True)] if config.tier is None else run_engines(config, True)
     except TraceError as error:
         parser.error(f"argument --trace: {error}")
+    except TierOpenError as error:
+        parser.error(f"argument --tier: {error}")
     except DemoConfigError as error:
         parser.error(str(error))
     except DemoInterrupted as cut_short:
-        report, status = cut_short.report, INTERRUPTED
+        reports, status = [cut_short.report], INTERRUPTED
         sys.stderr.write(
-            f"{parser.prog}: interrupted after {report.requests:,} of {cut_short.requests:,} "
-            "requests; the figures below are partial\n"
+            f"{parser.prog}: interrupted after {cut_short.report.requests:,} of "
+            f"{cut_short.requests:,} requests; the figures below are partial\n"
         )
     except KeyboardInterrupt:
-        sys.stderr.write(f"{parser.prog}: interrupted before serving any request\n")
+        before = "any request was served" if config.tier is None else "both engines finished"
+        sys.stderr.write(f"{parser.prog}: interrupted before {before}\n")
         return INTERRUPTED
     else:
-        status = 1 if report.mismatched else 0
-    _print(report, config, text)
+        status = 1 if any(report.mismatched for report in reports) else 0
+    for number, report in enumerate(reports, 1):
+        if config.tier is not None:
+            print(f"engine {number} of {ENGINES}, in a process of its own", file=text)
+        _print(report, config, text)
     if as_json:
-        print_json(
-            {"config": asdict(config), "interrupted": status == INTERRUPTED, **asdict(report)}
-        )
+        served = {"engines": [asdict(r) for r in reports]} if config.tier else asdict(reports[0])
+        print_json({"config": asdict(config), "interrupted": status == INTERRUPTED, **served})
     return status

@@ -4,20 +4,30 @@
         "kv_role": "kv_both", "kv_connector_extra_config": {"spec_name": "NumbaKVOffloadingSpec",
         "spec_module_path": "numbakv.integrations.vllm", "cpu_bytes_to_use": 68719476736}}'
 
-The spec is imported on first access, so the worker's transfer core (`.transfers`, which needs
+numbakv's tiers below host memory are vLLM secondary tiers of its own `TieringOffloadingSpec`, by
+the same module path: `{"type": "NumbaKVRedisTier", "module_path": "numbakv.integrations.vllm",
+"url": "redis://host:6379/0"}` or `{"type": "NumbaKVDiskTier", ..., "root_dir": "/mnt/nvme/kv",
+"bytes_to_use": 1099511627776}` in `secondary_tiers` (docs/TIERS.md).
+
+The spec and the tiers are imported on first access, so the worker's transfer core (`.transfers`, which needs
 neither vLLM nor its scheduler) stays importable where vLLM is not installed. See docs/VLLM.md.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["NumbaKVOffloadingSpec"]
+# Each name vLLM may load by module path, and the module under this package that defines it.
+_MODULES = {
+    "NumbaKVOffloadingSpec": "spec",
+    "NumbaKVRedisTier": "redis_tier",
+    "NumbaKVDiskTier": "disk_tier",
+}
+__all__ = ["NumbaKVDiskTier", "NumbaKVOffloadingSpec", "NumbaKVRedisTier"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "NumbaKVOffloadingSpec":
-        from numbakv.integrations.vllm.spec import NumbaKVOffloadingSpec
-
-        return NumbaKVOffloadingSpec
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

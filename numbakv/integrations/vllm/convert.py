@@ -6,7 +6,8 @@ numbakv's own types (numbakv.specs) carry their own names and fields; vLLM 0.32'
 - `StorePlan(block_hashes_to_store, store_spec, block_hashes_evicted)` a
   `PrepareStoreOutput(keys_to_store, store_spec, evicted_keys)`;
 - `BlockEvent(block_hashes, block_size, medium, removed)` an `OffloadingEvent(keys, medium,
-  removed)` (vLLM's event has no block size; its medium is an enum).
+  removed)` (vLLM's event has no block size; its medium is an enum); under vLLM 0.33 a failed
+  store, of which numbakv's manager says nothing, becomes a `metadata_only` removal.
 
 vLLM's keys are numbakv's block hashes as they are, and host block ids its chunk ids, so the lists
 and arrays pass through uncopied.
@@ -14,7 +15,7 @@ and arrays pass through uncopied.
 
 from __future__ import annotations
 
-from vllm.v1.kv_offload.base import Medium, OffloadingEvent, PrepareStoreOutput
+from vllm.v1.kv_offload.base import Medium, OffloadingEvent, OffloadKey, PrepareStoreOutput
 
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.specs import MEDIUM_CPU, BlockEvent, HostBlocks, StorePlan
@@ -39,3 +40,8 @@ def offloading_event(event: BlockEvent) -> OffloadingEvent:
     return OffloadingEvent(
         keys=event.block_hashes, medium=_MEDIA[event.medium], removed=event.removed
     )
+
+
+def failed_store_event(keys: list[OffloadKey]) -> OffloadingEvent:
+    """vLLM 0.33's notice that failed stores released these keys, never announced as stored."""
+    return OffloadingEvent(keys=keys, medium=Medium.CPU, removed=True, metadata_only=True)

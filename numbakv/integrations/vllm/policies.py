@@ -57,7 +57,11 @@ class NumbaKVCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self._chunks.get(key)
 
-    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+    def insert(
+        self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext | None = None
+    ) -> None:
+        """A new chunk waits unranked for its request's end (vLLM 0.33 passes that request's
+        context, 0.32 none: the chunk's rank never depends on it)."""
         self._chunks[key] = chunk
         self._waiting[key] = chunk.chunk_id
         ref_cnt = chunk.ref_cnt

@@ -9,7 +9,8 @@ runs in vLLM's scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -30,6 +31,7 @@ from vllm.v1.kv_offload.cpu.policies.base import order_request_keys
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from numbakv.integrations.vllm import convert
+from numbakv.integrations.vllm.compat import RANKS_BY_POSITION
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics
@@ -39,10 +41,24 @@ from numbakv.request_access import RequestAccess
 class NumbaKVOffloadingManager(OffloadingManager):
     """Answers vLLM's connector with numbakv's manager: lookups, ref-counted loads, atomic stores."""
 
-    def __init__(self, manager: CPUOffloadingManager, metrics: OffloadMetrics | None = None):
+    def __init__(
+        self,
+        manager: CPUOffloadingManager,
+        metrics: OffloadMetrics | None = None,
+        *,
+        config_info: Mapping[str, Any] | None = None,
+        failed_store_events: bool = False,
+    ):
+        """`config_info`: the labels of vLLM 0.33's `vllm:kv_offload_config_info`;
+        `failed_store_events`: announce failed stores as `metadata_only` removals (vLLM 0.33)."""
         self.manager = manager
         self.metrics = metrics
         self.medium = Medium.CPU  # what vLLM's CPU manager says its events' medium is
+        self._config_info = dict(config_info or {})
+        self._failed_store_events = failed_store_events
+        # Events taken from numbakv's manager ahead of a failed store's, in order (vLLM 0.33).
+        self._events: list[OffloadingEvent] = []
+        self._failures_pending = False  # whether _events holds a failed store's announcement
         self._lookup = manager.lookup
         self._allocation_sizes: list[int] = []  # chunks each store asked for, since get_stats
         self._stores_skipped = 0  # the manager's count when get_stats last reported it
@@ -56,7 +72,9 @@ class NumbaKVOffloadingManager(OffloadingManager):
         """The request's record in numbakv's manager, begun afresh after a reset."""
         request = req_context.get_state(RequestAccess)
         if request is None or not self.manager.is_current(request):
-            request = self.manager.begin_request()
+            request = self.manager.begin_request(
+                req_context.get_offload_key_position if RANKS_BY_POSITION else None
+            )
             req_context.set_state(request)
         return request
 
@@ -90,6 +108,8 @@ class NumbaKVOffloadingManager(OffloadingManager):
             self._allocation_sizes.append(refused - self._refused_store_blocks)
             self._refused_store_blocks = refused
             return None
+        if self._failures_pending and plan.block_hashes_to_store:
+            self._reowned(plan.block_hashes_to_store)
         if plan.block_hashes_to_store:
             self._allocation_sizes.append(len(plan.block_hashes_to_store))
         return convert.prepare_store_output(plan)
@@ -98,7 +118,22 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Make the chunks loadable; on failure drop them, so nothing half-written is ever loaded."""
-        self.manager.complete_store(keys, success=success)
+        if success or not self._failed_store_events:
+            self.manager.complete_store(keys, success=success)
+            return
+        dropped = list(filter(self.manager.is_being_stored, dict.fromkeys(keys)))
+        self.manager.complete_store(dropped, success=False)
+        if dropped:
+            self._events += map(convert.offloading_event, self.manager.take_events())
+            self._events.append(convert.failed_store_event(dropped))
+            self._failures_pending = True
+
+    def _reowned(self, keys: list[OffloadKey]) -> None:
+        """A retry stores these keys again: a pending failure no longer announces them."""
+        stored = set(keys)
+        for event in self._events:
+            if event.metadata_only:
+                event.keys = [key for key in event.keys if key not in stored]
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """The request's accesses reach the policy, in vLLM's prefix order (`_prefix_order`)."""
@@ -107,7 +142,16 @@ class NumbaKVOffloadingManager(OffloadingManager):
             self.manager.finish_request(request, _prefix_order(request.blocks, req_context))
 
     def take_events(self) -> Iterator[OffloadingEvent]:
-        return map(convert.offloading_event, self.manager.take_events())
+        """The events in order, all taken at the first step: a drain stopped early loses the
+        rest, as vLLM's does (a failed store's announcement must not come back after a retry)."""
+        events = [*self._events, *map(convert.offloading_event, self.manager.take_events())]
+        self._events.clear()
+        self._failures_pending = False
+        yield from (event for event in events if event.keys)
+
+    def config_info(self) -> Sequence[Mapping[str, Any]]:
+        """vLLM 0.33's `vllm:kv_offload_config_info` labels: the host tier's sizes."""
+        return [self._config_info]
 
     def get_stats(self) -> OffloadingConnectorStats:
         """vLLM's own CPU-tier metrics, as its CPU manager reports them: the share of chunks a
@@ -133,6 +177,8 @@ class NumbaKVOffloadingManager(OffloadingManager):
 
     def reset_cache(self) -> None:
         self.manager.reset_cache()
+        self._events.clear()  # numbakv's manager forgets its pending events too
+        self._failures_pending = False
 
     def shutdown(self) -> None:
         if self.metrics is not None:

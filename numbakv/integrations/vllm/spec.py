@@ -7,7 +7,7 @@ imported only by `get_worker`, so the scheduler process never loads Numba CUDA.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm import __version__ as vllm_version
@@ -21,6 +21,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS, CPUOffloadingInfo
 from numbakv.integrations.vllm.config import Settings, host_chunks
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
 from numbakv.manager import CPUOffloadingManager
@@ -29,7 +30,8 @@ from numbakv.simulator import simulate_without_gpu
 
 logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
 
-TESTED_VLLM = "0.32.0"
+TESTED_VLLM = frozenset({"0.32.0", "0.33.0"})
+"""The vLLM releases numbakv's tests run against (the `vllm` extra admits these)."""
 
 
 class NumbaKVOffloadingSpec(OffloadingSpec):
@@ -42,12 +44,17 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
         """vLLM's own CPU-tier metrics (`vllm:kv_offload_cpu_*`): the manager reports them."""
         return CPUOffloadingSpec.build_metric_definitions(extra_config)
 
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """vLLM 0.33's `vllm:kv_offload_config_info` labels: those of vLLM's own CPU tier."""
+        return () if CPUOffloadingInfo is None else CPUOffloadingInfo.config_info_keys()
+
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
-        if vllm_version != TESTED_VLLM:
+        if vllm_version not in TESTED_VLLM:
             logger.warning(
                 "numbakv's vLLM spec is tested with vLLM %s; this is vLLM %s",
-                TESTED_VLLM,
+                " and ".join(sorted(TESTED_VLLM)),
                 vllm_version,
             )
         self.settings = Settings.from_extra_config(self.extra_config)
@@ -68,6 +75,7 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 self.tokens_per_block[0] * self.blocks_per_chunk,
                 self.kv_events_config.enable_kv_cache_events,
                 lambda manager: self._metrics(manager, "scheduler"),
+                self._config_info(),
             )
             logger.info(
                 "numbakv: host tier of %d chunks (%.2f GiB for all workers), policy %s, "
@@ -78,6 +86,13 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 settings.store_threshold,
             )
         return self._manager
+
+    def _config_info(self) -> dict[str, Any]:
+        """The host tier's sizes as vLLM's CPU tier reports them (none before vLLM 0.33)."""
+        if CPUOffloadingInfo is None:
+            return {}
+        info = CPUOffloadingInfo.from_config(self.config, self.num_chunks, self.kv_bytes_per_chunk)
+        return dict(info.as_config_info())
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
@@ -120,9 +135,11 @@ def build_scheduler_manager(
     block_size: int,
     enable_events: bool,
     metrics: Callable[[CPUOffloadingManager], OffloadMetrics | None] = lambda manager: None,
+    config_info: Mapping[str, Any] | None = None,
 ) -> NumbaKVOffloadingManager:
     """numbakv's manager under vLLM's interface, as the spec builds it in vLLM's scheduler (and
-    vLLM's own manager tests build it, through tests/vllm_peer)."""
+    vLLM's own manager tests build it, through tests/vllm_peer). `config_info`: the labels of
+    vLLM 0.33's `vllm:kv_offload_config_info`."""
     manager = CPUOffloadingManager(
         block_size=block_size,
         num_blocks=num_chunks,
@@ -131,4 +148,9 @@ def build_scheduler_manager(
         store_threshold=settings.store_threshold,
         max_tracker_size=settings.max_tracker_size,
     )
-    return NumbaKVOffloadingManager(manager, metrics(manager))
+    return NumbaKVOffloadingManager(
+        manager,
+        metrics(manager),
+        config_info=config_info,
+        failed_store_events=enable_events and FAILED_STORE_EVENTS,
+    )

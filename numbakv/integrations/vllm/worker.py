@@ -92,7 +92,15 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
     ) -> bool:
         return self._submit(job_id, Direction.STORE, src_spec, dst_spec)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
+    ) -> bool:
+        """Queue a load. `expedited` (vLLM 0.33's sync loads, which vLLM waits for within the
+        step) changes nothing: every load runs in submission order on the load stream."""
         return self._submit(job_id, Direction.LOAD, dst_spec, src_spec)
 
     def _submit(

@@ -1,0 +1,320 @@
+"""Bandwidth of the Redis/Valkey tier against redis-py alone, and the wait of a lookup.
+
+    python benchmarks/redis_tier_bandwidth.py [--url redis://127.0.0.1:6379/0]
+        [--chunk-sizes 256KiB,1MiB,4MiB] [--repeats 5] [--out results/redis_tier_bandwidth.json]
+
+Rows: for each chunk size, the bytes per second numbakv's tier (`ChunkTier` over `RedisBackend`:
+header, checksum, checks, its own threads) writes and reads, beside the same payloads moved by
+redis-py's pipelined SET/GET alone, in the same run over the same connections, on the same kind of
+thread (target: numbakv >= 80 % of redis-py's rate); and the wall time of `ChunkTier.contains` for a 64-chunk prefix (what
+its caller waits at most), with the server up, paused and down (target: p99 <= 1 ms up, <= the
+lookup deadline paused or down). With vLLM installed, also what vLLM's scheduler thread spends in
+`NumbaKVRedisTier` per step for that prefix: 64 `lookup` calls and `on_schedule_end`, the step
+that sends the batched lookup and the step that finds its answers. Without `--url` it starts its
+own redis-server on a free loopback port (Debian package redis-server). `redis_rows` is a row source: one backend's rows, as a list of
+dicts, for a script that compares tiers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
+
+from numbakv.tiers import ChunkTier, Namespace
+
+PREFIX_CHUNKS = 64
+LOOKUPS = 2000
+BATCH_BYTES = 64 << 20  # bytes per transfer job: the batch of one request's prefix, about
+SIZES = {"KiB": 1 << 10, "MiB": 1 << 20}
+
+
+def parse_size(text: str) -> int:
+    for unit, factor in SIZES.items():
+        if text.endswith(unit):
+            return int(text[: -len(unit)]) * factor
+    return int(text)
+
+
+def namespace(chunk_bytes: int) -> Namespace:
+    return Namespace(
+        model="benchmark",
+        revision="",
+        dtype="float16",
+        tokens_per_block=16,
+        blocks_per_chunk=1,
+        num_layers=32,
+        num_kv_heads=8,
+        head_size=128,
+        page_bytes=max(chunk_bytes // 64, 1),
+        layout="layer_major",
+    )
+
+
+def best_seconds(actions: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """The fastest of `repeats` runs of each action, the actions taking turns (so that a machine
+    busy now and idle later favours none of them)."""
+    best = dict.fromkeys(actions, float("inf"))
+    for _ in range(repeats):
+        for name, action in actions.items():
+            started = time.perf_counter()
+            action()
+            best[name] = min(best[name], time.perf_counter() - started)
+    return best
+
+
+def tier_jobs(tier: ChunkTier, keys: list[bytes]) -> dict[str, Callable[[], None]]:
+    """A whole store job of `keys` from rows 0.., and a whole load job of them into the rows after."""
+    rows = list(range(len(keys)))
+    back = [row + len(keys) for row in rows]
+
+    def job(submit, target_rows) -> Callable[[], None]:
+        def run() -> None:
+            submit(0, keys, target_rows)
+            tier.drain()
+            (finished,) = tier.take_finished()
+            assert finished.success, finished
+
+        return run
+
+    return {"write": job(tier.submit_store, rows), "read": job(tier.submit_load, back)}
+
+
+def waits_ms(lookup: Callable[[], object]) -> dict[str, float]:
+    """p50, p99 and the longest wall time of `LOOKUPS` calls of `lookup`, in milliseconds."""
+    waits = []
+    for _ in range(LOOKUPS):
+        started = time.perf_counter()
+        lookup()
+        waits.append(time.perf_counter() - started)
+    return percentiles_ms(waits)
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    return {
+        "p50_ms": 1e3 * statistics.median(ordered),
+        "p99_ms": 1e3 * ordered[max(0, int(0.99 * len(ordered)) - 1)],
+        "max_ms": 1e3 * ordered[-1],
+    }
+
+
+@contextlib.contextmanager
+def local_redis() -> Iterator[str]:
+    """A redis-server of its own on a free loopback port, in a temporary directory."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit("redis-server is not installed: pass --url or install redis-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as directory:
+        args = [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory]
+        args += ["--save", "", "--appendonly", "no", "--maxmemory", "2gb"]
+        args += ["--maxmemory-policy", "allkeys-lru"]
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(0.3)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.kill()
+            process.wait()
+
+
+def redis_rows(args: argparse.Namespace) -> list[dict]:
+    """numbakv's Redis tier against redis-py pipelined SET/GET of the same payloads, and the
+    lookup wait with the server up, paused and down."""
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(local_redis())
+        rows = [bandwidth_row(url, size, args.repeats) for size in args.chunk_sizes]
+        rows += lookup_rows(url)
+        if importlib.util.find_spec("vllm") is not None:
+            rows += scheduler_rows(url)
+        return rows
+
+
+def bandwidth_row(url: str, chunk_bytes: int, repeats: int) -> dict:
+    """One chunk size: numbakv's write and read rates, and redis-py's over the same connections."""
+    from numbakv.tiers.redis import RedisBackend, RedisSettings
+
+    chunks = max(4, BATCH_BYTES // chunk_bytes)
+    rng = np.random.default_rng(chunk_bytes)
+    pool = rng.integers(0, 256, (2 * chunks, chunk_bytes), dtype=np.uint8)
+    ns = namespace(chunk_bytes)
+    tier = ChunkTier(RedisBackend(RedisSettings(url=url), ns.digest), pool, ns)
+    keys = [b"bench-%d" % i for i in range(chunks)]
+    client = tier.backend._client  # the same pool of connections
+    raw_keys = [b"raw:" + key for key in keys]
+
+    def raw_set() -> None:
+        pipe = client.pipeline(transaction=False)
+        for key, row in zip(raw_keys, pool):
+            pipe.set(key, memoryview(row))
+        assert all(pipe.execute())
+
+    def raw_get() -> None:
+        pipe = client.pipeline(transaction=False)
+        for key in raw_keys:
+            pipe.get(key)
+        assert all(value is not None for value in pipe.execute())
+
+    def on_io_thread(action: Callable[[], None]) -> Callable[[], None]:
+        # Where the tier's jobs run: threads differ in more than their name (glibc gives each
+        # its own malloc arena, which decides whether a freed 1 MiB value's pages are reused).
+        return lambda: tier._io_threads.submit(action).result()
+
+    jobs = tier_jobs(tier, keys)
+    raw = {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
+    jobs["write"]()  # the keys exist before anything is timed, for both
+    raw["raw_write"]()
+    seconds = best_seconds({**jobs, **raw}, repeats)
+    client.delete(*raw_keys)
+    tier.close()
+    rate = {name: chunks * chunk_bytes / s / 1e9 for name, s in seconds.items()}
+    return {
+        "source": "redis",
+        "chunk_bytes": chunk_bytes,
+        "chunks_per_job": chunks,
+        "write_gbps": rate["write"],
+        "raw_write_gbps": rate["raw_write"],
+        "write_share": rate["write"] / rate["raw_write"],
+        "read_gbps": rate["read"],
+        "raw_read_gbps": rate["raw_read"],
+        "read_share": rate["read"] / rate["raw_read"],
+    }
+
+
+def lookup_rows(url: str) -> list[dict]:
+    """The wait of a 64-chunk prefix's lookup: server up, paused (CLIENT PAUSE), unreachable."""
+    import redis
+
+    from numbakv.tiers.redis import RedisBackend, RedisSettings
+
+    pool = np.zeros((PREFIX_CHUNKS, 4096), dtype=np.uint8)
+    ns = namespace(4096)
+    keys = [b"prefix-%d" % i for i in range(PREFIX_CHUNKS)]
+    tier = ChunkTier(RedisBackend(RedisSettings(url=url), ns.digest), pool, ns)
+    tier.submit_store(0, keys, range(PREFIX_CHUNKS))
+    tier.drain()
+    deadline_ms = 1e3 * tier.lookup_deadline_s
+    full_keys = [tier.backend._prefix + key for key in keys]
+
+    def exists_alone() -> None:  # redis-py alone, on this thread: the floor under the tier's wait
+        pipe = tier.backend._client.pipeline(transaction=False)
+        for key in full_keys:
+            pipe.exists(key)
+        pipe.execute()
+
+    rows = [
+        {"source": "redis-py alone", "lookup": "up", **waits_ms(exists_alone)},
+        {"source": "redis", "lookup": "up", **waits_ms(lambda: tier.contains(keys))},
+    ]
+    pause_ms = 4000  # past the socket timeout (2 s): the breaker opens during the pause
+    paused_until = time.monotonic() + pause_ms / 1e3
+    redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", str(pause_ms), "ALL")
+    rows.append({"source": "redis", "lookup": "paused", **waits_ms(lambda: tier.contains(keys))})
+    time.sleep(max(0.0, paused_until - time.monotonic()))
+    tier.close()
+    down = RedisSettings(url="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    tier = ChunkTier(RedisBackend(down, ns.digest), pool, ns)
+    rows.append({"source": "redis", "lookup": "down", **waits_ms(lambda: tier.contains(keys))})
+    tier.close()
+    for row in rows:
+        row["deadline_ms"] = deadline_ms
+    return rows
+
+
+def scheduler_rows(url: str) -> list[dict]:
+    """vLLM's scheduler thread in `NumbaKVRedisTier` for a 64-chunk prefix, per step, ms."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
+
+    from tests.tier_engine import engine, keys_of, store
+
+    config = {"type": "NumbaKVRedisTier", "module_path": "numbakv.integrations.vllm", "url": url}
+    spec = engine("benchmark-scheduler", config)
+    keys = keys_of("prefix", PREFIX_CHUNKS)
+    store(spec, "writer", keys)
+    (tier,) = spec.get_manager().secondary_tiers
+    step = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+    first, answered, late = [], [], 0
+    for trial in range(LOOKUPS // 10):
+        context = ReqContext(req_id=f"r{trial}")
+        started = time.perf_counter()
+        results = [tier.lookup(key, context) for key in keys]
+        tier.on_schedule_end(step)
+        first.append(time.perf_counter() - started)
+        assert set(results) == {LookupResult.RETRY}, set(results)
+        while results[-1] is LookupResult.RETRY:
+            time.sleep(0.001)  # the model runs meanwhile
+            started = time.perf_counter()
+            results = [tier.lookup(key, context) for key in keys]
+            tier.on_schedule_end(step)
+            answered.append(time.perf_counter() - started)
+        late += results[-1] is LookupResult.MISS  # the batch missed the deadline
+        tier.on_request_finished(context)
+    spec.get_manager().shutdown()
+    rows = [
+        {"source": "vllm scheduler", "lookup": name, **percentiles_ms(times), "deadline_ms": 5.0}
+        for name, times in (("asking", first), ("answered", answered))
+    ]
+    rows[-1]["late_share"] = late / (LOOKUPS // 10)
+    return rows
+
+
+def print_tables(rows: list[dict]) -> None:
+    print(
+        f"{'source':8} {'chunk':>8} {'write GB/s':>11} {'raw':>7} {'share':>6} "
+        f"{'read GB/s':>10} {'raw':>7} {'share':>6}"
+    )
+    for row in rows:
+        if "chunk_bytes" in row:
+            print(
+                f"{row['source']:8} {row['chunk_bytes'] >> 10:>5}KiB {row['write_gbps']:>11.2f} "
+                f"{row['raw_write_gbps']:>7.2f} {row['write_share']:>6.0%} {row['read_gbps']:>10.2f} "
+                f"{row['raw_read_gbps']:>7.2f} {row['read_share']:>6.0%}"
+            )
+    print(f"\n{'source':15} {'store':8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deadline':>9}")
+    for row in rows:
+        if "lookup" in row:
+            print(
+                f"{row['source']:15} {row['lookup']:8} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+                f"{row['max_ms']:>8.3f} {row['deadline_ms']:>9.1f}"
+            )
+    for row in rows:
+        if "late_share" in row:
+            print(f"vLLM lookups answered as misses at the deadline: {row['late_share']:.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None, help="a Redis/Valkey to use (default: start one)")
+    parser.add_argument("--chunk-sizes", default="256KiB,1MiB,4MiB")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="results/redis_tier_bandwidth.json")
+    args = parser.parse_args()
+    args.chunk_sizes = [parse_size(size) for size in args.chunk_sizes.split(",")]
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    rows = redis_rows(args)
+    print_tables(rows)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""Bandwidth of the tiers below host memory, against what their store delivers without them.
+
+Each row source (`ROW_SOURCES`) moves the same chunks, the rows of one page-aligned host pool of
+random bytes (as pinned host memory is), to its store and back, in jobs of `--job-chunks` chunks,
+and reports GB/s per direction (median of `--repeats` rounds, each into a fresh directory; the
+sources' runs alternate within a round):
+- `dd`: one file of the same bytes, `oflag=direct` / `iflag=direct`, bs = one chunk: what the
+  file system delivers to one sequential stream with the page cache bypassed;
+- `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk);
+- `vllm-fs`: vLLM 0.32's `FileSystemTierManager` on the same pool and chunks, its C I/O where
+  built (run with vLLM installed; left out otherwise), as many threads as numbakv's.
+Every load is checked byte for byte against what was stored. Prints a table and writes JSON.
+
+    python benchmarks/tier_bandwidth.py --dir /mnt/nvme/bench          # the full configuration
+    python benchmarks/tier_bandwidth.py --smoke                         # a tiny check anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import mmap
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from numbakv.tiers import ChunkTier, Namespace
+from numbakv.tiers.disk import DiskBackend
+
+FULL = {"chunk_bytes": 2 << 20, "chunks": 512, "job_chunks": 16, "threads": 8, "repeats": 3}
+SMOKE = {"chunk_bytes": 64 << 10, "chunks": 32, "job_chunks": 4, "threads": 2, "repeats": 1}
+
+
+@dataclass
+class Setup:
+    """What every row source moves: `pool` (one chunk a row), into fresh directories under `root`."""
+
+    pool: np.ndarray
+    root: Path
+    job_chunks: int
+    threads: int
+    repeats: int
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.pool.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.nbytes
+
+    def fresh_directory(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
+
+    def jobs(self) -> list[np.ndarray]:
+        rows = np.arange(len(self.pool))
+        return [
+            rows[start : start + self.job_chunks] for start in range(0, len(rows), self.job_chunks)
+        ]
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+class SourceUnavailable(Exception):
+    """A row source that cannot run here (its library is not installed)."""
+
+
+def dd_run(setup: Setup) -> dict[str, float]:
+    """dd with O_DIRECT both ways on one file of the same size, bs = one chunk."""
+    directory = setup.fresh_directory("dd")
+    target = directory / "dd.bin"
+    count, block = f"count={len(setup.pool)}", f"bs={setup.chunk_bytes}"
+    seconds = {
+        "store": _dd("if=/dev/zero", f"of={target}", block, count, "oflag=direct"),
+        "load": _dd(f"if={target}", "of=/dev/null", block, count, "iflag=direct"),
+    }
+    shutil.rmtree(directory)
+    return seconds
+
+
+def _dd(*operands: str) -> float:
+    finished = subprocess.run(["dd", *operands], capture_output=True, text=True, check=True)
+    return float(re.search(r"copied, ([0-9.e+-]+) s", finished.stderr).group(1))
+
+
+def numbakv_disk_run(setup: Setup) -> dict[str, float]:
+    """ChunkTier over DiskBackend: every job submitted at once, timed until the last finishes."""
+    namespace = Namespace("bench", "", "uint8", 16, 1, 1, 1, 1, setup.chunk_bytes, "bench")
+    keys = [uuid.uuid4().bytes for _ in range(len(setup.pool))]
+    directory = setup.fresh_directory("numbakv")
+    backend = DiskBackend(directory, namespace, setup.chunk_bytes, 2 * setup.nbytes)
+    tier = ChunkTier(backend, setup.pool, namespace, io_threads=setup.threads)
+    stored = setup.pool.copy()
+    seconds = {}
+    for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
+        if direction == "load":
+            setup.pool[:] = 0
+        started = time.perf_counter()
+        for number, rows in enumerate(setup.jobs()):
+            submit(number, [keys[row] for row in rows], rows)
+        tier.drain()
+        seconds[direction] = time.perf_counter() - started
+        if not all(job.success for job in tier.take_finished()):
+            raise RuntimeError(f"numbakv-disk: a {direction} job failed")
+    _check_loaded(setup.pool, stored, "numbakv-disk")
+    tier.close()
+    shutil.rmtree(directory)
+    return seconds
+
+
+def vllm_fs_run(setup: Setup) -> dict[str, float]:
+    """vLLM 0.32's FileSystemTierManager over the same pool, driven as its tiering manager does."""
+    try:
+        from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+        from vllm.v1.kv_offload.tiering.base import TransferJob
+        from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+        from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+        from tests.vllm_support import offloading_config
+    except ImportError as error:
+        raise SourceUnavailable(f"vLLM does not import ({error})") from error
+    config = offloading_config(
+        {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": setup.nbytes},
+        worker_kv_bytes_per_block=setup.chunk_bytes,
+    )
+    spec = TieringOffloadingSpec(dataclasses.replace(config, engine_id=uuid.uuid4().hex))
+    keys = [make_offload_key(uuid.uuid4().bytes, 0) for _ in range(len(setup.pool))]
+    context = ReqContext("bench")
+    directory = setup.fresh_directory("vllm")
+    tier = FileSystemTierManager(
+        spec,
+        memoryview(setup.pool),
+        "fs",
+        root_dir=str(directory),
+        n_read_threads=setup.threads,
+        n_write_threads=setup.threads,
+    )
+    stored = setup.pool.copy()
+    seconds = {}
+    for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
+        if direction == "load":
+            setup.pool[:] = 0
+        jobs = setup.jobs()
+        started = time.perf_counter()
+        for number, rows in enumerate(jobs):
+            keys_of_job = [keys[row] for row in rows]
+            submit(TransferJob(number, keys_of_job, rows, direction == "load", context))
+        results = []
+        while len(results) < len(jobs):
+            results += tier.get_finished_jobs()
+            time.sleep(0.0002)
+        seconds[direction] = time.perf_counter() - started
+        if not all(result.success for result in results):
+            raise RuntimeError(f"vllm-fs: a {direction} job failed")
+    _check_loaded(setup.pool, stored, "vllm-fs")
+    tier.shutdown()
+    shutil.rmtree(directory)
+    return seconds
+
+
+def _check_loaded(loaded: np.ndarray, stored: np.ndarray, source: str) -> None:
+    if not np.array_equal(loaded, stored):
+        raise RuntimeError(f"{source}: loaded bytes differ from the stored ones")
+
+
+ROW_SOURCES: dict[str, Callable[[Setup], dict[str, float]]] = {
+    "dd": dd_run,
+    "numbakv-disk": numbakv_disk_run,
+    "vllm-fs": vllm_fs_run,
+}
+"""One run of each source: seconds per direction. The runs of all sources alternate, so a busy
+moment of the machine falls on each alike."""
+
+
+def measure(setup: Setup, sources: list[str]) -> list[dict]:
+    """`setup.repeats` rounds of one run per source; a row per source and direction (medians)."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
+    for _ in range(setup.repeats):
+        for name in list(runs):
+            try:
+                runs[name].append(ROW_SOURCES[name](setup))
+            except SourceUnavailable as why:
+                print(f"{name} left out: {why}", file=sys.stderr)
+                del runs[name]
+    rows = []
+    for name, results in runs.items():
+        for direction in results[0]:
+            seconds = [result[direction] for result in results]
+            rows.append(
+                {
+                    "source": name,
+                    "direction": direction,
+                    "chunk_bytes": setup.chunk_bytes,
+                    "chunks": len(setup.pool),
+                    "GB/s": gbps(setup.nbytes, statistics.median(seconds)),
+                    "runs_GB/s": [gbps(setup.nbytes, s) for s in seconds],
+                }
+            )
+    return rows
+
+
+def aligned_random_pool(chunks: int, chunk_bytes: int) -> np.ndarray:
+    memory = mmap.mmap(-1, chunks * chunk_bytes)
+    pool = np.frombuffer(memory, np.uint8).reshape(chunks, chunk_bytes)
+    pool[:] = np.random.default_rng(0).integers(0, 256, pool.shape, dtype=np.uint8)
+    return pool
+
+
+def with_dd_share(rows: list[dict]) -> list[dict]:
+    """Each row's GB/s as a percentage of dd's in the same direction."""
+    dd = {r["direction"]: r["GB/s"] for r in rows if r["source"] == "dd"}
+    for r in rows:
+        if r["direction"] in dd:
+            r["vs dd %"] = 100 * r["GB/s"] / dd[r["direction"]]
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'source':<14} {'direction':<9} {'chunk':>9} {'chunks':>7} {'GB/s':>7} {'vs dd':>7}")
+    for r in rows:
+        share = f"{r['vs dd %']:.0f} %" if "vs dd %" in r else ""
+        print(
+            f"{r['source']:<14} {r['direction']:<9} {r['chunk_bytes']:>9,} {r['chunks']:>7}"
+            f" {r['GB/s']:>7.2f} {share:>7}"
+        )
+
+
+def file_system(path: Path) -> str:
+    found = subprocess.run(
+        ["df", "--output=fstype,source", str(path)], capture_output=True, text=True, check=True
+    )
+    return " ".join(found.stdout.split()[2:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("."),
+        help="where the files go (a fresh directory is made in it)",
+    )
+    parser.add_argument(
+        "--sources", nargs="+", default=list(ROW_SOURCES), choices=list(ROW_SOURCES)
+    )
+    parser.add_argument("--smoke", action="store_true", help="a tiny configuration")
+    parser.add_argument("--chunk-bytes", type=int)
+    parser.add_argument("--chunks", type=int)
+    parser.add_argument("--job-chunks", type=int)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--json", type=Path, default=Path("tier_bandwidth.json"))
+    args = parser.parse_args(argv)
+    settings = dict(SMOKE if args.smoke else FULL)
+    for name in settings:
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    root = Path(tempfile.mkdtemp(prefix="tier-bandwidth-", dir=args.dir))
+    try:
+        setup = Setup(
+            pool=aligned_random_pool(settings["chunks"], settings["chunk_bytes"]),
+            root=root,
+            job_chunks=settings["job_chunks"],
+            threads=settings["threads"],
+            repeats=settings["repeats"],
+        )
+        machine = (
+            f"{platform.node()}, {platform.processor() or platform.machine()}, {file_system(root)}"
+        )
+        rows = with_dd_share(measure(setup, args.sources))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"{machine}; {settings}")
+    print_table(rows)
+    args.json.write_text(
+        json.dumps({"machine": machine, "settings": settings, "rows": rows}, indent=2)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

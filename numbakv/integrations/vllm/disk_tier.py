@@ -1,0 +1,66 @@
+"""`NumbaKVDiskTier`: numbakv's disk tier as a secondary tier of vLLM's tiering spec.
+
+    "secondary_tiers": [{"type": "NumbaKVDiskTier", "module_path": "numbakv.integrations.vllm",
+                         "root_dir": "/mnt/nvme/kv", "bytes_to_use": 1099511627776}]
+
+Chunk files under `root_dir`, at most `bytes_to_use` of them, evicted by `cache_policy` (any
+numbakv policy; "lru" by default); engines pointed at one directory share their chunks. Evictions
+are vLLM KV events (removed) where the tier's events are on. The other settings are
+`ChunkTierManager`'s; see docs/TIERS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import Locality, OffloadingEvent
+
+from numbakv.integrations.vllm.tiers import ChunkTierManager
+from numbakv.tiers import ChunkBackend, Namespace
+from numbakv.tiers.disk import DiskBackend
+
+SETTINGS = ("root_dir", "bytes_to_use", "cache_policy")
+
+
+class NumbaKVDiskTier(ChunkTierManager):
+    """A tier of chunk files in a local directory (NVMe), bounded and evicted by numbakv."""
+
+    default_locality: ClassVar[Locality] = Locality.LOCAL
+
+    @classmethod
+    def open_backend(
+        cls,
+        settings: Mapping[str, Any],
+        namespace: Namespace,
+        *,
+        chunk_bytes: int,
+        removal_events: bool,
+    ) -> ChunkBackend:
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ValueError(
+                f"unknown disk tier setting {unknown[0]!r}; known: {', '.join(SETTINGS)}"
+            )
+        for required in SETTINGS[:2]:
+            if required not in settings:
+                raise ValueError(f"the disk tier needs a {required} setting")
+        if not isinstance(settings["root_dir"], str) or not settings["root_dir"]:
+            raise ValueError(f"disk tier root_dir must be a path, got {settings['root_dir']!r}")
+        return DiskBackend(
+            settings["root_dir"],
+            namespace,
+            chunk_bytes,
+            settings["bytes_to_use"],
+            settings.get("cache_policy", "lru"),
+            track_removals=removal_events,
+        )
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """Chunks stored, then chunk files the disk index removed (evicted, damaged, gone)."""
+        yield from super().take_events()
+        removed = self.tier.backend.take_removed()
+        if removed:
+            yield OffloadingEvent(
+                keys=removed, medium=self.medium, removed=True, locality=self.locality
+            )

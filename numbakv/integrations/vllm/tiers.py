@@ -1,0 +1,317 @@
+"""A numbakv tier below host memory as one of vLLM 0.32's secondary tiers (`SecondaryTierManager`).
+
+vLLM's `TieringOffloadingSpec` keeps its own CPU tier first and cascades stored chunks to each
+secondary tier, promoting them back on a lookup hit. `ChunkTierManager` is that contract over a
+`numbakv.tiers.ChunkTier`, the same for every backend; a subclass only opens its backend from its
+settings (`NumbaKVRedisTier`: integrations/vllm/redis_tier.py). Everything here runs on vLLM's
+scheduler thread and returns at once: lookups are batched once per step by vLLM's own
+`AsyncLookupManager` (RETRY until answered, the answer bounded by the tier's deadline), transfers
+run on the tier's threads and come back through `get_finished_jobs`.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from vllm.config import get_current_vllm_config_or_none
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingCounterMetadata,
+    OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from numbakv.jobs import Direction
+from numbakv.metrics import OffloadMetrics, metrics_enabled, multiprocess_mode
+from numbakv.tiers import ChunkBackend, ChunkTier, Namespace
+from numbakv.tiers.tier import (
+    DEFAULT_BREAKER_COOLDOWN_S,
+    DEFAULT_IO_THREADS,
+    DEFAULT_LOOKUP_DEADLINE_S,
+    TierCounters,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.backpressure import BackpressureDetector
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+logger = logging.getLogger("numbakv.tiers")
+
+# numbakv's own figures of a tier, beside vLLM's tiering metrics (which count its lookups, hits,
+# bytes and times like any tier's): name -> (help, extra label, its (TierCounters field, value)s).
+TIER_COUNTERS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    "numbakv:tier_loaded_chunks": (
+        "Chunks a numbakv tier loaded, by whose write: this engine's (own) or another's.",
+        "writer",
+        (("loaded_own", "own"), ("loaded_other", "other")),
+    ),
+    "numbakv:tier_dropped_stores": (
+        "Chunks a numbakv tier did not store: refused by the store (full) or unreachable.",
+        "",
+        (("dropped_stores", ""),),
+    ),
+    "numbakv:tier_integrity_failures": (
+        "Stored chunks whose header or checksum did not match: deleted, never loaded.",
+        "",
+        (("integrity_failures", ""),),
+    ),
+    "numbakv:tier_late_lookups": (
+        "Batched lookups answered as misses at the tier's deadline.",
+        "",
+        (("late_lookups", ""),),
+    ),
+}
+BREAKER_GAUGE = "numbakv:tier_breaker_open"
+
+
+class _Lookups(AsyncLookupManager):
+    """vLLM's per-step batched lookups, answered by the tier within its deadline."""
+
+    def __init__(self, tier: ChunkTier, tier_type: str) -> None:
+        super().__init__(tier_type=tier_type)
+        self._tier = tier
+
+    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        return self._tier.contains(keys)
+
+
+class ChunkTierManager(SecondaryTierManager):
+    """vLLM's secondary-tier contract over a `ChunkTier` whose backend `open_backend` makes.
+
+    Settings, beside the backend's own: `lookup_deadline_s` (a batched lookup not answered by
+    then is misses), `io_threads`, `breaker_cooldown_s` (how long a store found unreachable is
+    left alone), `enable_kv_events` (vLLM KV events for stored chunks) and `locality`.
+    """
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+    default_locality: ClassVar[Locality | None] = None  # where `locality` is not set
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+        *,
+        lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S,
+        io_threads: int = DEFAULT_IO_THREADS,
+        breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S,
+        enable_kv_events: bool = False,
+        locality: str | None = None,
+        **backend_settings: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        if locality is not None and locality not in Locality._value2member_map_:
+            raise ValueError(f"{tier_type} locality must be LOCAL or REMOTE, got {locality!r}")
+        self.locality = Locality(locality) if locality is not None else self.default_locality
+        self.namespace = namespace_of(offloading_spec)
+        rows, row_bytes = len(primary_kv_view), primary_kv_view.strides[0]
+        host_pool = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(rows, row_bytes)
+        emit = enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
+        backend = self.open_backend(
+            backend_settings, self.namespace, chunk_bytes=row_bytes, removal_events=emit
+        )
+        try:
+            self.tier = ChunkTier(
+                backend,
+                host_pool,
+                self.namespace,
+                io_threads=io_threads,
+                lookup_deadline_s=lookup_deadline_s,
+                breaker_cooldown_s=breaker_cooldown_s,
+            )
+        except ValueError:
+            backend.close()
+            raise
+        self._lookups = _Lookups(self.tier, tier_type)
+        self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
+        self._events: list[OffloadingEvent] | None = [] if emit else None
+        self._reported = TierCounters()  # what get_stats has reported so far
+        self._metrics = self._numbakv_metrics(offloading_spec)
+
+    @classmethod
+    @abstractmethod
+    def open_backend(
+        cls,
+        settings: Mapping[str, Any],
+        namespace: Namespace,
+        *,
+        chunk_bytes: int,
+        removal_events: bool,
+    ) -> ChunkBackend:
+        """The backend from the tier's own settings; a bad or unknown key raises, naming it.
+
+        `chunk_bytes` is one primary-tier row; `removal_events` says whether vLLM's KV events are
+        on, for a backend that removes chunks itself (the disk tier evicts) to report them.
+        """
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        found = self._lookups.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY
+        return LookupResult.HIT if found else LookupResult.MISS
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        self._job_keys[job_metadata.job_id] = keys
+        self.tier.submit_store(job_metadata.job_id, keys, job_metadata.chunk_ids)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        keys = list(job_metadata.keys)
+        self._job_keys[job_metadata.job_id] = keys
+        self.tier.submit_load(job_metadata.job_id, keys, job_metadata.chunk_ids)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        """Finished jobs; a failed load names the chunks it did move, and its failed chunks are
+        misses from now on (vLLM asks again after a failed promotion)."""
+        results = []
+        for job in self.tier.take_finished():
+            keys = self._job_keys.pop(job.job_id)
+            failed = set(job.failed_keys)
+            moved = tuple(key for key in keys if key not in failed)
+            if job.direction is Direction.LOAD and failed:
+                self._lookups.mark_miss(failed)
+            elif job.direction is Direction.STORE and self._events is not None and moved:
+                self._events.append(
+                    OffloadingEvent(
+                        keys=list(moved), medium=self.medium, removed=False, locality=self.locality
+                    )
+                )
+            partial = job.direction is Direction.LOAD and failed and moved
+            results.append(
+                JobResult(
+                    job_id=job.job_id,
+                    success=job.success,
+                    successful_keys=moved if partial else None,
+                    transfer_time=job.seconds,
+                    transfer_bytes=job.nbytes,
+                )
+            )
+        return results
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.tier.touch(list(keys))
+
+    def has_pending_work(self) -> bool:
+        return bool(self._job_keys)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events:
+            events, self._events = self._events, []
+            yield from events
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookups.cleanup(req_context.req_id)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookups.flush()
+
+    def drain_jobs(self) -> None:
+        self.tier.drain()
+
+    def shutdown(self) -> None:
+        self._lookups.shutdown()
+        self.tier.close()
+        if self._metrics is not None:
+            self._metrics.close()
+
+    def _numbakv_metrics(self, offloading_spec: OffloadingSpec) -> OffloadMetrics | None:
+        """numbakv's tier metrics for numbakv-sidecar, written to PROMETHEUS_MULTIPROC_DIR once a
+        second (vLLM's own tiering metrics count the tier either way)."""
+        if not (metrics_enabled() and multiprocess_mode()):
+            return None
+        parallel = offloading_spec.config.parallel
+        prefix = (
+            f"vllm-dp{parallel.data_parallel_index}" if parallel.data_parallel_size > 1 else "vllm"
+        )
+        metrics = OffloadMetrics(
+            instance=f"{prefix}-scheduler", registry=None, tiers={self.tier_type: self.tier}
+        )
+        metrics.start_sync_thread(1.0)
+        return metrics
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        definitions: dict[str, OffloadingMetricMetadata] = {
+            name: OffloadingCounterMetadata(
+                documentation=help, labelnames=("tier", label) if label else ("tier",)
+            )
+            for name, (help, label, _) in TIER_COUNTERS.items()
+        }
+        definitions[BREAKER_GAUGE] = OffloadingGaugeMetadata(
+            documentation="1 while a numbakv tier has stopped calling its store, found unreachable.",
+            labelnames=("tier",),
+        )
+        return definitions
+
+    def get_stats(self) -> OffloadingConnectorStats:
+        """numbakv's counters since the last call, and the breaker's state."""
+        stats = OffloadingConnectorStats()
+        counters = self.tier.counters
+        for name, (_, _, fields) in TIER_COUNTERS.items():
+            for field, label in fields:
+                delta = getattr(counters, field) - getattr(self._reported, field)
+                if delta:
+                    labels = (self.tier_type, label) if label else (self.tier_type,)
+                    stats.increase_counter(name, delta, labels)
+                    setattr(self._reported, field, getattr(counters, field))
+        stats.set_gauge(BREAKER_GAUGE, int(self.tier.breaker_open), (self.tier_type,))
+        return stats
+
+
+def namespace_of(offloading_spec: OffloadingSpec) -> Namespace:
+    """What the primary tier's rows mean, from vLLM's offloading config and, inside an engine,
+    its model config (heads, head size and revision: 1, 1 and "" outside one, as in tests)."""
+    config = offloading_spec.config
+    layers = sum(len(group.layer_names) for group in config.groups)
+    vllm_config = get_current_vllm_config_or_none()
+    model = None if vllm_config is None else vllm_config.model_config
+    if model is None:
+        heads, head_size, revision = 1, 1, ""
+    else:
+        heads = model.get_num_kv_heads(vllm_config.parallel_config)
+        head_size, revision = model.get_head_size(), model.revision or ""
+    parallel = config.parallel
+    layout = "-".join(
+        (
+            f"vllm:{config.kv_cache_layout or 'default'}",
+            "canonical" if config.canonical_layout else "direct",
+            "groups" + ",".join(str(g.tokens_per_block) for g in config.groups),
+            f"pp{parallel.pp_size}pcp{parallel.pcp_size}dcp{parallel.dcp_size}",
+        )
+    )
+    return Namespace(
+        model=config.model.name,
+        revision=revision,
+        dtype=str(config.model.dtype),
+        tokens_per_block=config.groups[0].tokens_per_block,
+        blocks_per_chunk=config.cache.blocks_per_chunk,
+        num_layers=max(layers, 1),
+        num_kv_heads=heads,
+        head_size=head_size,
+        page_bytes=max(config.worker_kv_bytes_per_block // max(layers, 1), 1),
+        layout=layout,
+        tensor_parallel_size=parallel.tp_size,
+        tensor_parallel_rank=0,  # the scheduler's rows hold every rank's pages
+    )

@@ -1,0 +1,69 @@
+"""A circuit breaker: after a store is found unreachable, stop calling it for a while.
+
+A store that is down costs every call a connect timeout; the engine's step must not pay that on
+every lookup and transfer. Open, the breaker answers "unavailable" at once; after `cooldown_s` it
+lets one call through (a probe): its success closes the breaker, its failure keeps it open for
+another cooldown. It logs one line when it opens and one when it closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+logger = logging.getLogger("numbakv.tiers")
+
+
+class CircuitBreaker:
+    """Open/closed state of one store, shared by every thread that calls it."""
+
+    def __init__(self, cooldown_s: float, name: str) -> None:
+        if (
+            isinstance(cooldown_s, bool)
+            or not isinstance(cooldown_s, (int, float))
+            or not cooldown_s > 0
+        ):
+            raise ValueError(f"breaker_cooldown_s must be > 0 seconds, got {cooldown_s!r}")
+        self.cooldown_s = float(cooldown_s)
+        self.opened = 0  # times it opened since start
+        self._name = name
+        self._lock = threading.Lock()
+        self._open_until: float | None = None  # None: closed
+        self._probing = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open_until is not None
+
+    def allow(self) -> bool:
+        """Whether a call may go to the store now: always when closed, one probe per cooldown when open."""
+        with self._lock:
+            if self._open_until is None:
+                return True
+            if self._probing or time.monotonic() < self._open_until:
+                return False
+            self._probing = True
+            return True
+
+    def succeeded(self) -> None:
+        with self._lock:
+            was_open = self._open_until is not None
+            self._open_until, self._probing = None, False
+        if was_open:
+            logger.warning("numbakv tier %s: store reachable again, breaker closed", self._name)
+
+    def failed(self, error: BaseException) -> None:
+        with self._lock:
+            was_open = self._open_until is not None
+            self._open_until = time.monotonic() + self.cooldown_s
+            self._probing = False
+            if not was_open:
+                self.opened += 1
+        if not was_open:
+            logger.warning(
+                "numbakv tier %s: store unreachable (%s), breaker open: no calls for %.1f s at a time",
+                self._name,
+                error,
+                self.cooldown_s,
+            )

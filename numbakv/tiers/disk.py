@@ -1,0 +1,370 @@
+"""`DiskBackend`: chunks as files in a local directory, bounded and evicted by numbakv's own manager.
+
+The embedded tier that needs no server. One file per chunk, named by its key, under a directory
+named by the namespace's digest; a `CPUOffloadingManager` is the index (key -> file) and its
+policy picks what to evict when `bytes_to_use` is reached. A file holds a 4096-byte block with the
+chunk header, then the payload, so both lie on the alignment O_DIRECT asks for.
+
+Writes go to a temporary name, then are renamed: a reader sees a whole chunk or none. No fsync:
+the tier is a cache and every load is checked against its header's length and XXH3-64, so what a
+power loss leaves half-written is a miss, never wrong bytes, and a store costs no flush.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from numbakv.manager import CPUOffloadingManager
+from numbakv.tiers.backend import ChunkBackend, StoredValue
+from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, parse_header
+from numbakv.tiers.namespace import Namespace
+
+logger = logging.getLogger("numbakv.tiers")
+
+ALIGNMENT = 4096
+"""O_DIRECT's alignment of file offsets, lengths and buffer addresses (a page: enough for every
+device's logical block); the header block is this long."""
+MAX_KEY_BYTES = 100
+"""A file name is the key in hex, with room for a temporary name's suffix within 255 bytes."""
+STALE_TEMP_S = 60.0
+"""A temporary file this old is a crashed writer's (a write takes milliseconds)."""
+_REBUILD_BATCH = 4096
+_TEMP_SUFFIX = ".tmp"
+
+
+class DiskBackend(ChunkBackend):
+    """Chunk files under `root_dir`/<namespace digest>/, at most `bytes_to_use` of them.
+
+    `chunk_bytes` is one chunk's payload (a host-pool row); `cache_policy` is any numbakv policy
+    name or import path. Files already there are served after a restart. Several processes may
+    share a directory: each one bounds the files it wrote or found, and serves the others'.
+    """
+
+    def __init__(
+        self,
+        root_dir: str | os.PathLike,
+        namespace: Namespace,
+        chunk_bytes: int,
+        bytes_to_use: int,
+        cache_policy: str = "lru",
+        track_removals: bool = False,
+    ) -> None:
+        if not isinstance(namespace, Namespace):
+            raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
+        for name, value in (("chunk_bytes", chunk_bytes), ("bytes_to_use", bytes_to_use)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.chunk_bytes = chunk_bytes
+        self.file_bytes = ALIGNMENT + _aligned(chunk_bytes)
+        if bytes_to_use < self.file_bytes:
+            raise ValueError(
+                f"bytes_to_use must hold at least one chunk file ({self.file_bytes:,} bytes for "
+                f"chunks of {chunk_bytes:,}), got {bytes_to_use:,}"
+            )
+        self._index = CPUOffloadingManager(
+            block_size=1,
+            num_blocks=bytes_to_use // self.file_bytes,
+            cache_policy=cache_policy,
+            enable_events=track_removals,
+        )
+        self.directory = os.path.join(os.fspath(root_dir), namespace.digest.hex())
+        for fan in range(256):
+            os.makedirs(os.path.join(self.directory, f"{fan:02x}"), exist_ok=True)
+        self._namespace = namespace.digest
+        self._lock = threading.Lock()
+        self._buffers = threading.local()
+        self._temp_numbers = itertools.count()
+        self.direct_io = _direct_io_works(self.directory)
+        if not self.direct_io:
+            logger.warning("numbakv disk tier: %s refuses O_DIRECT; buffered I/O", self.directory)
+        self._rebuild()
+
+    @property
+    def capacity_files(self) -> int:
+        return self._index.num_blocks
+
+    def used_files(self) -> int:
+        """How many chunk files the index holds (written, or being written)."""
+        return self._index.stats().used
+
+    # --- the ChunkBackend contract ---
+
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._lock:
+            return self._reconcile(keys)
+
+    def write(
+        self, keys: Sequence[bytes], headers: Sequence[bytes], payloads: Sequence[memoryview]
+    ) -> list[bool]:
+        for key in keys:
+            if len(key) > MAX_KEY_BYTES:
+                raise ValueError(
+                    f"keys must be at most {MAX_KEY_BYTES} bytes for a file name, got {len(key)}"
+                )
+        for payload in payloads:
+            if payload.nbytes != self.chunk_bytes:
+                raise ValueError(
+                    f"payloads must be chunk_bytes ({self.chunk_bytes}) long, got {payload.nbytes}"
+                )
+        with self._lock:
+            plan = self._index.prepare_store(keys)
+            if plan is None:  # every file is being read or written: nothing may be evicted
+                return [False] * len(keys)
+            self._unlink(plan.block_hashes_evicted)
+        to_store, outcome = set(plan.block_hashes_to_store), {}
+        for key, header, payload in zip(keys, headers, payloads):
+            if key in to_store and key not in outcome:
+                outcome[key] = self._write_file(key, header, payload)
+        with self._lock:
+            self._index.complete_store([key for key, ok in outcome.items() if ok])
+            self._index.complete_store([key for key, ok in outcome.items() if not ok], False)
+        return [outcome.get(key, True) for key in keys]  # absent from outcome: already stored
+
+    def read_into(
+        self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
+    ) -> list[StoredValue | None]:
+        with self._lock:
+            ready = self._reconcile(keys)
+            pinned = [key for key, there in zip(keys, ready) if there]
+            self._index.prepare_load(pinned)  # a file being read is never evicted
+        try:
+            values = [
+                self._read_file(key, payload) if there else None
+                for key, payload, there in zip(keys, payloads, ready)
+            ]
+        finally:
+            with self._lock:
+                self._index.complete_load(pinned)
+        return values
+
+    def delete(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            self._unlink(keys)
+            self._index.remove(keys)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            self._index.touch(keys)
+
+    def take_removed(self) -> list[bytes]:
+        """Keys whose files this backend removed (evicted, damaged or gone) since the last call;
+        always empty unless the backend was made with `track_removals`."""
+        with self._lock:
+            events = list(self._index.take_events())
+        return [key for event in events if event.removed for key in event.block_hashes]
+
+    # --- files ---
+
+    def _path(self, key: bytes) -> str:
+        name = key.hex()
+        return f"{self.directory}/{name[:2]}/{name}"
+
+    def _reconcile(self, keys: Sequence[bytes]) -> list[bool]:
+        """Bring the index in line with the directory for `keys` (under the lock): files another
+        process wrote join it, files another process removed leave it. Which keys are ready."""
+        index = self._index
+        ready = []
+        for key in keys:
+            on_disk = os.path.exists(self._path(key))
+            if index.lookup((key,)):
+                if not on_disk:
+                    index.remove((key,))
+                ready.append(on_disk)
+            elif on_disk and not index.is_being_stored(key):
+                ready.append(self._adopt(key))
+            else:
+                ready.append(False)
+        return ready
+
+    def _adopt(self, key: bytes) -> bool:
+        plan = self._index.prepare_store((key,))
+        if plan is None:
+            return False
+        self._unlink(plan.block_hashes_evicted)
+        self._index.complete_store((key,))
+        return True
+
+    def _unlink(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            try:
+                os.unlink(self._path(key))
+            except FileNotFoundError:
+                pass  # another process sharing the directory removed it first
+
+    def _io_buffer(self) -> memoryview:
+        """This thread's page-aligned buffer of one file: the header block, then a payload."""
+        buffer = getattr(self._buffers, "view", None)
+        if buffer is None:
+            buffer = self._buffers.view = memoryview(mmap.mmap(-1, self.file_bytes))
+        return buffer
+
+    def _write_file(self, key: bytes, header: bytes, payload: memoryview) -> bool:
+        path = self._path(key)
+        head, name = os.path.split(path)
+        temp = f"{head}/.{name}.{os.getpid()}.{next(self._temp_numbers)}{_TEMP_SUFFIX}"
+        buffer = self._io_buffer()
+        buffer[:ALIGNMENT] = bytes(header).ljust(ALIGNMENT, b"\0")
+        if self.direct_io and not _aligned_buffer(payload):
+            padded = _aligned(payload.nbytes)
+            buffer[ALIGNMENT : ALIGNMENT + payload.nbytes] = payload
+            buffer[ALIGNMENT + payload.nbytes : ALIGNMENT + padded] = bytes(padded - payload.nbytes)
+            pieces = [buffer[: ALIGNMENT + padded]]
+        else:
+            pieces = [buffer[:ALIGNMENT], payload]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct_io else 0)
+        try:
+            fd = os.open(temp, flags, 0o644)
+            try:
+                expected = sum(piece.nbytes for piece in pieces)
+                if os.pwritev(fd, pieces, 0) != expected:
+                    raise OSError(f"short write to {temp}")
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+        except OSError as error:
+            logger.warning("numbakv disk tier: storing %s failed: %s", key.hex(), error)
+            try:
+                os.unlink(temp)
+            except FileNotFoundError:
+                pass
+            return False
+        return True
+
+    def _read_file(self, key: bytes, payload: memoryview) -> StoredValue | None:
+        """The header, then (only when it belongs here and promises this payload) the payload."""
+        flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
+        try:
+            fd = os.open(self._path(key), flags)
+        except FileNotFoundError:
+            return None
+        buffer = self._io_buffer()
+        try:
+            got = os.preadv(fd, [buffer[:ALIGNMENT]], 0)
+            header = bytes(buffer[: min(got, HEADER_BYTES)])
+            try:
+                parsed = parse_header(header)
+            except CorruptChunk:
+                return StoredValue(header, 0)  # the tier's own check names it
+            held = max(0, os.fstat(fd).st_size - ALIGNMENT)
+            if parsed.namespace != self._namespace or not (
+                parsed.payload_bytes == payload.nbytes <= held
+            ):
+                return StoredValue(header, min(held, parsed.payload_bytes))  # nothing copied
+            if self.direct_io and not _aligned_buffer(payload):
+                padded = _aligned(payload.nbytes)
+                got = os.preadv(fd, [buffer[ALIGNMENT : ALIGNMENT + padded]], ALIGNMENT)
+                payload[:] = buffer[ALIGNMENT : ALIGNMENT + payload.nbytes]
+            else:
+                got = os.preadv(fd, [payload], ALIGNMENT)
+            return StoredValue(header, min(got, payload.nbytes))
+        except OSError as error:
+            logger.warning("numbakv disk tier: reading %s failed: %s", key.hex(), error)
+            return None
+        finally:
+            os.close(fd)
+
+    def _rebuild(self) -> None:
+        """Index the chunk files already here, oldest first; drop crashed writers' temporaries
+        and files whose size no whole chunk has."""
+        found = []
+        for fan in os.scandir(self.directory):
+            if not fan.is_dir():
+                continue
+            for entry in os.scandir(fan.path):
+                if entry.name.endswith(_TEMP_SUFFIX):
+                    if _stale_temp(entry):
+                        _remove_quietly(entry.path)
+                    continue
+                try:
+                    key = bytes.fromhex(entry.name)
+                    stat = entry.stat()
+                except (ValueError, FileNotFoundError):
+                    continue  # not a chunk file, or removed meanwhile
+                if stat.st_size in (ALIGNMENT + self.chunk_bytes, self.file_bytes):
+                    found.append((stat.st_mtime_ns, key))
+                else:
+                    _remove_quietly(entry.path)
+        found.sort()
+        keys = [key for _, key in found]
+        step = min(_REBUILD_BATCH, self._index.num_blocks)
+        for start in range(0, len(keys), step):
+            batch = keys[start : start + step]
+            plan = self._index.prepare_store(batch)
+            self._unlink(plan.block_hashes_evicted)  # more files than bytes_to_use: the oldest go
+            self._index.complete_store(batch)
+        list(self._index.take_events())  # what a restart finds is no news
+        if keys:
+            logger.info(
+                "numbakv disk tier: %d chunk files in %s (%d kept)",
+                len(keys),
+                self.directory,
+                self.used_files(),
+            )
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _aligned_buffer(buffer: memoryview) -> bool:
+    """Whether O_DIRECT can move `buffer` as it is: page-aligned address and length."""
+    address = np.frombuffer(buffer, np.uint8).ctypes.data
+    return address % ALIGNMENT == 0 and buffer.nbytes % ALIGNMENT == 0
+
+
+def _direct_io_works(directory: str) -> bool:
+    """Whether O_DIRECT writes and reads work here (tmpfs and some overlay or network file
+    systems refuse them), probed with one aligned block."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = os.path.join(directory, f".direct-probe.{os.getpid()}{_TEMP_SUFFIX}")
+    block = memoryview(mmap.mmap(-1, ALIGNMENT))
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        try:
+            return os.pwritev(fd, [block], 0) == ALIGNMENT == os.preadv(fd, [block], 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        _remove_quietly(probe)
+
+
+def _stale_temp(entry: os.DirEntry) -> bool:
+    """A temporary file no writer will rename: its process is gone (or is this one, so it is an
+    earlier process's with our pid), or it is older than any write takes."""
+    try:
+        age = time.time() - entry.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    try:
+        pid = int(entry.name[: -len(_TEMP_SUFFIX)].rsplit(".", 2)[-2])
+    except (ValueError, IndexError):
+        return age > STALE_TEMP_S
+    return pid == os.getpid() or not _alive(pid) or age > STALE_TEMP_S
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
