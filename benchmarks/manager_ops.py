@@ -150,7 +150,9 @@ def manager_replay_seconds(chains, policy: str, capacity: int) -> tuple[float, i
 
 
 def bare_replay_seconds(chains, capacity: int) -> tuple[float, int]:
-    """The same replay with nothing but an OrderedDict: the floor any LRU bookkeeping sits on."""
+    """The same replay with nothing but an OrderedDict: the floor any LRU bookkeeping sits on.
+    In the replay's order: the missing tail is stored (the least recent blocks not in it make
+    room, or nothing is stored), then the request's blocks become recent, the head the most."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits_total = 0
     started = time.perf_counter()
@@ -161,14 +163,23 @@ def bare_replay_seconds(chains, capacity: int) -> tuple[float, int]:
                 break
             hits += 1
         hits_total += hits
+        tail = dict.fromkeys(chain[hits:])
+        new = [block for block in tail if block not in cache]
+        shortfall = len(cache) + len(new) - capacity
+        victims = []
+        if shortfall > 0:
+            for block in cache:
+                if block not in tail:
+                    victims.append(block)
+                    if len(victims) == shortfall:
+                        break
+        if len(victims) == max(shortfall, 0):
+            for block in victims:
+                del cache[block]
+            cache.update(dict.fromkeys(new))
         for block in reversed(chain):
             if block in cache:
                 cache.move_to_end(block)
-        for block in chain[hits:]:
-            if block not in cache:
-                if len(cache) >= capacity:
-                    cache.popitem(last=False)
-                cache[block] = None
     return time.perf_counter() - started, hits_total
 
 

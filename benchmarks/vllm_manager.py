@@ -1,119 +1,182 @@
-"""numbakv's vLLM adapter against vLLM 0.32's own CPU offloading manager, driven as vLLM drives it.
+"""numbakv's spec against vLLM 0.32's own CPU offloading manager, driven as vLLM's connector drives it.
 
-    python benchmarks/vllm_manager.py --trace TRACE.jsonl [--capacities 2000,10000,40000] \
-        [--repeats 3] [--positions] [--out results/vllm_manager.json]
+    python benchmarks/vllm_manager.py [--trace TRACE] [--capacities 2000,10000,40000] \
+        [--policies lru,arc,sarc,s3fifo,sieve] [--store-thresholds 1,2] [--repeats 3] \
+        [--positions] [--out results/vllm_manager.json]
 
-Every request goes through the calls vLLM 0.32's OffloadingConnector makes of a manager, one
-request at a time: on_new_request; lookup, one key at a time, up to the first miss; prepare_load
-and complete_load of the hits; prepare_store of the rest (when there is a rest) and complete_store
-of what it returned; on_request_finished. Managers: vLLM's CPUOffloadingManager with its LRU and
-with numbakv's sarc, S3-FIFO and SIEVE as vLLM `CachePolicy`s (`numbakv.integrations.vllm.policies`),
-and numbakv's adapter (`NumbaKVOffloadingManager`) with LRU and those three. Cost is wall time per
-key reference, best of --repeats, the managers taking turns in one process. Targets: numbakv's LRU
-through the adapter at most 0.5x vLLM's LRU; each of numbakv's policies inside vLLM's manager
-within 0.001 of its hit ratio through the adapter. Without --trace, numbakv's built-in chat
-workload. `--positions` gives each request's context its keys' token positions, as vLLM's
-connector records them: vLLM 0.33's LRU (and numbakv's under 0.33) ranks a running request by
-them. Needs vLLM (pip install 'numbakv[vllm]').
+Every request makes the calls vLLM 0.32's OffloadingConnector makes of a manager, one request at
+a time (`vllm_baseline.replay_request`: begin, look up key by key to the first miss, load the
+hits, store the rest, finish). Two sides, each policy at each capacity and `store_threshold`:
+vLLM's `CPUOffloadingManager` (its own LRU and ARC; numbakv's sarc, S3-FIFO and SIEVE as vLLM
+`CachePolicy`s from `numbakv.integrations.vllm.policies`), and numbakv's manager as
+`NumbaKVOffloadingSpec` builds it in vLLM's scheduler (`build_scheduler_manager`). Printed and
+written: hit ratios, keys stored, CPU time per key reference (best of --repeats, every manager
+taking turns in one process; time.process_time, which leaves out the time the process waits for a
+core on a shared machine) and its ratio to vLLM's LRU at the same threshold. Checked: with
+LRU and ARC numbakv hits and stores exactly as vLLM does (exit status 1 where it does not).
+Without --trace, numbakv's built-in chat workload. `--positions` gives each request's context its
+keys' token positions, as vLLM's connector records them: vLLM 0.33's LRU (and numbakv's under 0.33)
+ranks a running request by them. Needs vLLM (docs/VLLM.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from vllm import __version__ as vllm_version
-from vllm.v1.kv_offload.base import LookupResult, OffloadingManager, OffloadKey, ReqContext
-from vllm_baseline import offload_chains, vllm_manager
+from vllm.v1.kv_offload.base import OffloadingManager, OffloadKey
+from vllm_baseline import offload_chains, replay_request, vllm_manager
 
-from numbakv import CPUOffloadingManager
+from numbakv.integrations.vllm.config import Settings
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
+from numbakv.integrations.vllm.spec import build_scheduler_manager
 from numbakv.tools.traces import read_hash_chains
 from numbakv.tools.workloads import multi_turn_chat
 
+SIDES = ("vllm", "numbakv")
+VLLMS_OWN = ("lru", "arc")  # the policies vLLM ships: numbakv must answer as they do
 
-def connector_request(
-    manager: OffloadingManager,
-    keys: Sequence[OffloadKey],
-    request_id: str,
-    positions: bool = False,
-) -> int:
-    """One request as vLLM 0.32's connector drives a manager; returns the keys hit. With
-    `positions`, its context knows each key's end-token position (one token a key)."""
-    context = ReqContext(req_id=request_id)
-    if positions:
-        for position, key in enumerate(keys, 1):
-            context.set_offload_key_position(key, position)
-    manager.on_new_request(context)
-    hits = 0
-    for key in keys:
-        if manager.lookup(key, context) is not LookupResult.HIT:
-            break
-        hits += 1
-    if hits:
-        manager.prepare_load(keys[:hits], context)
-        manager.complete_load(keys[:hits], context)
-    if hits < len(keys):
-        output = manager.prepare_store(keys[hits:], context)
-        if output is not None and output.keys_to_store:
-            manager.complete_store(output.keys_to_store, context)
-    manager.on_request_finished(context)
-    return hits
+
+class Totals(NamedTuple):
+    hits: int
+    stored: int
 
 
 def connector_replay(
     manager: OffloadingManager, chains: Sequence[Sequence[OffloadKey]], positions: bool = False
-) -> int:
-    """Every request in order through `manager`; returns the total hits."""
-    return sum(connector_request(manager, keys, str(i), positions) for i, keys in enumerate(chains))
+) -> Totals:
+    """Every request in order through `manager`, as vLLM's connector drives it."""
+    hits = stored = 0
+    for i, keys in enumerate(chains):
+        hit, store = replay_request(manager, keys, str(i), positions)
+        hits += hit
+        stored += store
+    return Totals(hits, stored)
 
 
-def numbakv_manager(policy: str, capacity: int) -> NumbaKVOffloadingManager:
-    return NumbaKVOffloadingManager(
-        CPUOffloadingManager(block_size=1, num_blocks=capacity, cache_policy=policy)
+def numbakv_manager(
+    policy: str, capacity: int, store_threshold: int = 1
+) -> NumbaKVOffloadingManager:
+    """numbakv's manager of `capacity` chunks, as its spec builds it from these settings."""
+    settings = Settings.from_extra_config(
+        {
+            "cpu_bytes_to_use": capacity,
+            "eviction_policy": policy,
+            "store_threshold": store_threshold,
+        }
     )
+    return build_scheduler_manager(settings, capacity, block_size=1, enable_events=False)
 
 
-IN_BOTH = ("sarc", "s3fifo", "sieve")  # numbakv's policies, through its adapter and inside vLLM's
-
-MANAGERS: dict[str, Callable[[int], OffloadingManager]] = {
-    "vllm lru": lambda capacity: vllm_manager("lru", capacity),
-    "numbakv lru": lambda capacity: numbakv_manager("lru", capacity),
-    **{
-        f"{side} {policy}": lambda capacity, build=build, policy=policy: build(policy, capacity)
-        for policy in IN_BOTH
-        for side, build in (("numbakv", numbakv_manager), ("vllm", vllm_manager))
-    },
-}
+BUILDERS = {"vllm": vllm_manager, "numbakv": numbakv_manager}
 
 
-def measure(chains, capacity: int, repeats: int, positions: bool) -> dict[str, dict]:
-    """Best-of-`repeats` seconds and the hits of every manager, taking turns."""
-    results: dict[str, dict] = {}
+class Case(NamedTuple):
+    side: str
+    policy: str
+    store_threshold: int
+
+
+def measure(
+    chains, capacity: int, cases: Sequence[Case], repeats: int, positions: bool
+) -> dict[Case, dict]:
+    """Best-of-`repeats` CPU seconds, hits and keys stored of every case, taking turns."""
+    results: dict[Case, dict] = {}
     for _ in range(repeats):
-        for name, build in MANAGERS.items():
-            manager = build(capacity)
-            started = time.perf_counter()
-            hits = connector_replay(manager, chains, positions)
-            seconds = time.perf_counter() - started
-            best = results.setdefault(name, {"seconds": seconds, "hits": hits})
+        for case in cases:
+            manager = BUILDERS[case.side](case.policy, capacity, case.store_threshold)
+            gc.collect()
+            started = time.process_time()
+            totals = connector_replay(manager, chains, positions)
+            seconds = time.process_time() - started
+            best = results.setdefault(case, {"seconds": seconds, **totals._asdict()})
             best["seconds"] = min(best["seconds"], seconds)
     return results
 
 
-def main() -> None:
+def rows_of(results: dict[Case, dict], capacity: int, references: int) -> list[dict]:
+    """One row per case, with its time relative to vLLM's LRU at the same threshold."""
+    rows = []
+    for case, r in results.items():
+        baseline = results.get(Case("vllm", "lru", case.store_threshold))
+        rows.append(
+            {
+                "capacity": capacity,
+                **case._asdict(),
+                **r,
+                "hit_ratio": r["hits"] / references,
+                "ns_per_reference": 1e9 * r["seconds"] / references,
+                "ratio_to_vllm_lru": r["seconds"] / baseline["seconds"] if baseline else None,
+            }
+        )
+    return rows
+
+
+def check(rows: list[dict]) -> list[str]:
+    """Where numbakv's LRU or ARC parts from vLLM's: they must hit and store exactly as vLLM's, at
+    every threshold (numbakv's own policies differ in when a request counts: docs/VLLM.md)."""
+    by_case = {(r["capacity"], r["store_threshold"], r["policy"], r["side"]): r for r in rows}
+    problems = []
+    for (capacity, threshold, policy, side), numbakv in by_case.items():
+        vllm = by_case.get((capacity, threshold, policy, "vllm"))
+        if side != "numbakv" or policy not in VLLMS_OWN or vllm is None:
+            continue
+        if (numbakv["hits"], numbakv["stored"]) != (vllm["hits"], vllm["stored"]):
+            problems.append(
+                f"{policy} at {capacity:,} chunks, store_threshold {threshold}: numbakv hits "
+                f"{numbakv['hits']:,} and stores {numbakv['stored']:,}, "
+                f"vLLM {vllm['hits']:,} and {vllm['stored']:,}"
+            )
+    return problems
+
+
+def format_table(rows: list[dict]) -> str:
+    """A markdown table: per capacity, threshold and policy, both sides side by side."""
+    by_case = {(r["capacity"], r["store_threshold"], r["policy"], r["side"]): r for r in rows}
+    lines = [
+        "| chunks | store_threshold | policy | hit ratio: vLLM / numbakv | hits, numbakv - vLLM | "
+        + "stored: vLLM / numbakv | ns/ref: vLLM / numbakv | x vLLM LRU: vLLM / numbakv |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for capacity, threshold, policy in dict.fromkeys(key[:3] for key in by_case):
+        vllm, numbakv = (by_case[capacity, threshold, policy, side] for side in SIDES)
+        lines.append(
+            f"| {capacity:,} | {threshold} | {policy} "
+            f"| {vllm['hit_ratio']:.4f} / {numbakv['hit_ratio']:.4f} "
+            f"| {numbakv['hits'] - vllm['hits']:+,} "
+            f"| {vllm['stored']:,} / {numbakv['stored']:,} "
+            f"| {vllm['ns_per_reference']:,.0f} / {numbakv['ns_per_reference']:,.0f} "
+            f"| {_ratio(vllm)} / {_ratio(numbakv)} |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(row: dict) -> str:
+    return "-" if row["ratio_to_vllm_lru"] is None else f"{row['ratio_to_vllm_lru']:.2f}"
+
+
+def _integers(text: str) -> list[int]:
+    return [int(item) for item in text.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", help="Mooncake-format jsonl trace (default: built-in chat)")
-    parser.add_argument("--capacities", default="2000,10000,40000", help="blocks, comma-separated")
+    parser.add_argument("--trace", help="Mooncake-format jsonl trace or its shipped name")
+    parser.add_argument("--capacities", type=_integers, default=[2000, 10000, 40000])
+    parser.add_argument("--policies", default="lru,arc,sarc,s3fifo,sieve")
+    parser.add_argument("--store-thresholds", type=_integers, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--positions", action="store_true", help="requests know their keys' token positions"
     )
     parser.add_argument("--out", default="results/vllm_manager.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.trace:
         source, chains = args.trace, read_hash_chains(args.trace)
     else:
@@ -122,43 +185,22 @@ def main() -> None:
     references = sum(map(len, chains))
     print(
         f"{source}: {len(chains):,} requests, {references:,} key references, vLLM "
-        f"{vllm_version}, positions {'on' if args.positions else 'off'}"
+        f"{vllm_version}, positions {'on' if args.positions else 'off'}; "
+        f"best of {args.repeats} CPU times"
     )
-    print(f"{'capacity':>9}  {'manager':<15} {'ns/ref':>7} {'x vllm lru':>10} {'hit ratio':>9}")
+    cases = [
+        Case(side, policy, threshold)
+        for threshold in args.store_thresholds
+        for policy in args.policies.split(",")
+        for side in SIDES
+    ]
     rows = []
-    for capacity in (int(text) for text in args.capacities.split(",")):
-        results = measure(chains, capacity, args.repeats, args.positions)
-        baseline = results["vllm lru"]["seconds"]
-        for name, r in results.items():
-            print(
-                f"{capacity:>9,}  {name:<15} {1e9 * r['seconds'] / references:7,.0f} "
-                f"{r['seconds'] / baseline:10.2f} {r['hits'] / references:9.4f}"
-            )
-        gaps = {
-            policy: results[f"vllm {policy}"]["hits"] - results[f"numbakv {policy}"]["hits"]
-            for policy in IN_BOTH
-        }
-        print(
-            f"{capacity:>9,}  hits inside vLLM's manager - through the adapter: "
-            + ", ".join(f"{p} {gap:+,} ({gap / references:+.5f})" for p, gap in gaps.items())
-        )
-        rows.append(
-            {
-                "capacity": capacity,
-                "references": references,
-                "lru_ratio": results["numbakv lru"]["seconds"] / baseline,
-                "hit_gaps": gaps,
-                **{
-                    name: {
-                        "seconds": r["seconds"],
-                        "ns_per_reference": 1e9 * r["seconds"] / references,
-                        "ratio_to_vllm_lru": r["seconds"] / baseline,
-                        "hit_ratio": r["hits"] / references,
-                    }
-                    for name, r in results.items()
-                },
-            }
-        )
+    for capacity in args.capacities:
+        results = measure(chains, capacity, cases, args.repeats, args.positions)
+        rows += rows_of(results, capacity, references)
+    print(format_table(rows))
+    problems = check(rows)
+    print("\n".join(problems) or "numbakv's LRU and ARC hit and store exactly as vLLM's")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {
@@ -170,7 +212,8 @@ def main() -> None:
     }
     out.write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -36,6 +36,7 @@ class ManagerStats:
     failed_store_blocks: int
     loaded_blocks: int
     stores_skipped: int
+    refused_store_blocks: int  # what refused stores (prepare_store -> None) were to store
     used: int
     free: int
     being_stored: int
@@ -134,7 +135,7 @@ class CPUOffloadingManager:
         self._generation = 0  # bumped by reset_cache: requests begun before it are forgotten
         self._lookups = self._hit_blocks = self._missed_blocks = 0
         self._evicted_blocks = self._stored_blocks = self._failed_store_blocks = 0
-        self._loaded_blocks = self._stores_skipped = 0
+        self._loaded_blocks = self._stores_skipped = self._refused_store_blocks = 0
         self._reset_slots()
 
     def _reset_slots(self) -> None:
@@ -346,6 +347,7 @@ class CPUOffloadingManager:
         if shortfall > 0:
             victims = self._evict(shortfall, unique if named_cached else ())
             if victims is None:
+                self._refused_store_blocks += len(to_store)
                 return None
             evicted, evicted_ids = victims
         slots = self._allocate(len(to_store))
@@ -517,6 +519,7 @@ class CPUOffloadingManager:
             failed_store_blocks=self._failed_store_blocks,
             loaded_blocks=self._loaded_blocks,
             stores_skipped=self._stores_skipped,
+            refused_store_blocks=self._refused_store_blocks,
             used=self.num_blocks - free,
             free=free,
             being_stored=self._num_being_stored,

@@ -41,7 +41,7 @@ def snapshot(manager: CPUOffloadingManager):
         resident_blocks(manager),
         policy_state(manager),
         sorted(free_slots(manager)),
-        replace(manager.stats(), stores_skipped=0),
+        replace(manager.stats(), stores_skipped=0, refused_store_blocks=0),
     )
 
 

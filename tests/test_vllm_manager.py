@@ -33,7 +33,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _benchmark():
-    """benchmarks/vllm_manager.py, whose connector_request drives a manager as vLLM 0.32 does."""
+    """benchmarks/vllm_manager.py, whose replay drives a manager as vLLM 0.32's connector does."""
     sys.path.insert(0, str(BENCHMARKS))  # for its sibling vllm_baseline
     try:
         spec = importlib.util.spec_from_file_location(
@@ -172,9 +172,9 @@ def test_a_finished_request_makes_its_chain_recent_head_first():
     """vLLM 0.32's order: a request's chunks become recent when it finishes, the head the most
     recent, so LRU evicts a chain from its tail; until then its loads count for nothing."""
     manager = adapter(capacity=5)
-    BENCH.connector_request(manager, keys(1, 2, 3), "first")
-    BENCH.connector_request(manager, keys(9), "other")  # 9 is the most recent, 3 the least
-    assert BENCH.connector_request(manager, keys(1, 2, 3, 4, 5), "reader") == 3
+    BENCH.replay_request(manager, keys(1, 2, 3), "first")
+    BENCH.replay_request(manager, keys(9), "other")  # 9 is the most recent, 3 the least
+    assert BENCH.replay_request(manager, keys(1, 2, 3, 4, 5), "reader") == (3, 2)
     # Its store evicted 3, its own loaded tail, before its finish made 1 and 2 recent.
     context = ReqContext(req_id="check")
     hits = [manager.lookup(k, context) is LookupResult.HIT for k in keys(1, 2, 3, 4, 5, 9)]
@@ -217,7 +217,7 @@ def test_replay_through_the_adapter_hits_as_numbakv_replay(policy):
     chains = BENCH.offload_chains([r.hash_ids for r in multi_turn_chat(sessions=300, seed=1)])
     for capacity in (200, 2_000):
         expected = replay(chains, policy=policy, capacity=capacity).hits
-        assert BENCH.connector_replay(adapter(capacity, policy), chains) == expected
+        assert BENCH.connector_replay(adapter(capacity, policy), chains).hits == expected
 
 
 @st.composite
@@ -246,9 +246,27 @@ def test_replay_through_the_adapter_hits_as_numbakv_replay_for_any_trace(
     keyed = BENCH.offload_chains(chains)
     expected = replay(keyed, policy=policy, capacity=capacity, store_threshold=store_threshold)
     manager = adapter(capacity, policy, store_threshold=store_threshold)
-    assert BENCH.connector_replay(manager, keyed) == expected.hits
+    assert BENCH.connector_replay(manager, keyed).hits == expected.hits
     stats = manager.manager.stats()
     assert stats.being_stored == stats.being_read == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    prefix_sharing_chains(),
+    st.sampled_from(["lru", "arc"]),
+    st.integers(1, 12),
+    st.integers(1, 3),
+)
+def test_lru_and_arc_through_the_spec_hit_and_store_as_vllms_own_manager(
+    chains, policy, capacity, store_threshold
+):
+    """Issue 37: vLLM's policies, built by numbakv's spec, answer the connector's calls as
+    vLLM's own manager does, `store_threshold` included (it stored less, counting lookups)."""
+    keyed = BENCH.offload_chains(chains)
+    vllm = BENCH.vllm_manager(policy, capacity, store_threshold)
+    numbakv = BENCH.numbakv_manager(policy, capacity, store_threshold)
+    assert BENCH.connector_replay(numbakv, keyed) == BENCH.connector_replay(vllm, keyed)
 
 
 class _Pair:
@@ -388,6 +406,21 @@ def test_each_stores_allocation_is_observed_once():
         4,
     )
     assert f"{M.CPU_ALLOCATION_SIZE}_count" not in _reduced(manager)  # reported once
+
+
+def test_a_store_refused_for_want_of_room_observes_what_it_asked_for():
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics as M
+
+    manager = adapter(capacity=2)
+    context = ReqContext(req_id="r")
+    manager.prepare_store(keys(1, 2), context)  # both being stored: nothing can be evicted
+    _reduced(manager)
+    assert manager.prepare_store(keys(3, 4, 5), context) is None
+    reduced = _reduced(manager)
+    assert (reduced[f"{M.CPU_ALLOCATION_SIZE}_count"], reduced[f"{M.CPU_ALLOCATION_SIZE}_sum"]) == (
+        1,
+        3,
+    )
 
 
 def test_stores_skipped_by_the_threshold_are_counted_as_vllm_counts_them():

@@ -44,8 +44,10 @@ class Settings:
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> Settings:
         if extra.get("cpu_bytes_to_use") is None:
-            raise ConfigError(
-                "cpu_bytes_to_use", "required: the host memory for offloaded KV, in bytes"
+            raise ConfigError(  # vLLM's own words, which its tests match
+                "cpu_bytes_to_use",
+                "required: cpu_bytes_to_use must be specified (the host memory for offloaded KV, "
+                "in bytes)",
             )
         if extra.get("cache_policy_module_path") is not None:
             raise ConfigError(

@@ -60,8 +60,9 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self._events: list[OffloadingEvent] = []
         self._failures_pending = False  # whether _events holds a failed store's announcement
         self._lookup = manager.lookup
-        self._allocation_sizes: list[int] = []  # chunks each store allocated, since get_stats
+        self._allocation_sizes: list[int] = []  # chunks each store asked for, since get_stats
         self._stores_skipped = 0  # the manager's count when get_stats last reported it
+        self._refused_store_blocks = manager.stats().refused_store_blocks  # as of the last refusal
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         self._request(req_context)
@@ -99,8 +100,13 @@ class NumbaKVOffloadingManager(OffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
+        """Allocate chunks for the keys not stored yet; None when no room can be made. Either
+        way the chunks asked for are observed, as vLLM's manager observes them."""
         plan = self.manager.prepare_store(keys, self._request(req_context))
         if plan is None:
+            refused = self.manager.stats().refused_store_blocks
+            self._allocation_sizes.append(refused - self._refused_store_blocks)
+            self._refused_store_blocks = refused
             return None
         if self._failures_pending and plan.block_hashes_to_store:
             self._reowned(plan.block_hashes_to_store)
@@ -149,7 +155,8 @@ class NumbaKVOffloadingManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingConnectorStats:
         """vLLM's own CPU-tier metrics, as its CPU manager reports them: the share of chunks a
-        store or a load pins, each store's allocation, and stores skipped by the threshold."""
+        store or a load pins, the chunks each store asked for (a refused one too), and stores
+        skipped by the threshold."""
         stats = self.manager.stats()
         result = OffloadingConnectorStats()
         for name, chunks in (
