@@ -69,10 +69,13 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> NumbaKVOffloadingManager:
         if self._manager is None:
             settings = self.settings
+            # A model without KV cache groups never stores a chunk: its events' token count
+            # (the manager's block size) is then never read.
+            tokens_per_block = self.tokens_per_block[0] if self.tokens_per_block else 1
             self._manager = build_scheduler_manager(
                 settings,
                 self.num_chunks,
-                self.tokens_per_block[0] * self.blocks_per_chunk,
+                tokens_per_block * self.blocks_per_chunk,
                 self.kv_events_config.enable_kv_cache_events,
                 lambda manager: self._metrics(manager, "scheduler"),
                 self._config_info(),
