@@ -14,10 +14,7 @@ host memory off the engine's thread.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_for_futures
 from functools import partial
 from itertools import count
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -29,7 +26,7 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.specs import BlockHash, StorePlan
 
 if TYPE_CHECKING:
-    from numbakv.tiers import ChunkTier
+    from numbakv.tiers import ChunkTier, TierLookup
 
 logger = logging.getLogger("numbakv.offloader")
 
@@ -131,8 +128,8 @@ class KVOffloader:
         self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
         self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
         self._promoting: set[BlockHash] = set()
-        # Tier lookups under way, by a request's first host miss: answer, hashes asked, deadline.
-        self._tier_lookups: dict[BlockHash, tuple[Future, list, float]] = {}
+        # Tier lookups under way, by a request's first host miss: the lookup, the hashes asked.
+        self._tier_lookups: dict[BlockHash, tuple[TierLookup, list]] = {}
         # Promoted blocks still in host memory: the tier has them already, so evicting one again
         # copies nothing down. At most one entry a host block.
         self._promoted: set[BlockHash] = set()
@@ -304,26 +301,22 @@ class KVOffloader:
         """How many leading `missed` blocks the tier holds; None while it is being asked.
 
         The first call for a request (named by its first miss) starts the tier's lookup; a later
-        one takes the answer, or a miss once the deadline has passed.
+        one takes the answer, or misses once the deadline has passed (the tier counts them late).
         """
         asked = self._tier_lookups.pop(missed[0], None)
         if asked is None:
             if len(self._tier_lookups) >= MAX_TIER_LOOKUPS:
                 del self._tier_lookups[next(iter(self._tier_lookups))]
-            future = self.tier.lookup([tier_key(block_hash) for block_hash in missed])
-            deadline = time.monotonic() + self.tier.lookup_deadline_s
-            self._tier_lookups[missed[0]] = (future, missed, deadline)
+            lookup = self.tier.lookup([tier_key(block_hash) for block_hash in missed])
+            self._tier_lookups[missed[0]] = (lookup, missed)
             return None
-        future, asked_hashes, deadline = asked
-        if not future.done():
-            if time.monotonic() < deadline:
-                self._tier_lookups[missed[0]] = asked
-                return None
-            return 0
-        if future.exception() is not None:
-            return 0
+        lookup, asked_hashes = asked
+        answer = lookup.answer()
+        if answer is None:
+            self._tier_lookups[missed[0]] = asked
+            return None
         held = 0
-        for wanted, asked_hash, found in zip(missed, asked_hashes, future.result()):
+        for wanted, asked_hash, found in zip(missed, asked_hashes, answer):
             if wanted != asked_hash or not found:
                 break
             held += 1
@@ -357,9 +350,8 @@ class KVOffloader:
             else:
                 self.tier.drain()
                 self._collect()
-        if self._tier_lookups:
-            answers = [future for future, _, _ in self._tier_lookups.values()]
-            wait_for_futures(answers, timeout=self.tier.lookup_deadline_s)
+        for lookup, _ in self._tier_lookups.values():
+            lookup.answer(wait=True)
         return self.poll()
 
     def reset(self) -> list[FinishedJob]:

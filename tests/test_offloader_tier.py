@@ -5,6 +5,8 @@ The tier's store is a dict in this process (tests/test_tiers_core.py's): these t
 what the offloader wires; two processes over a real directory are in test_offloader_processes.py.
 """
 
+import time
+
 import numpy as np
 import pytest
 
@@ -150,9 +152,26 @@ def test_the_engine_never_waits_for_the_tier_and_a_late_answer_is_a_miss():
         assert offloader.lookup([b"a"]) is None and offloader.lookup([b"a"]) is None
         offloader.drain()  # waits for the lookup no longer than its deadline
         assert offloader.lookup([b"a"]) == 0
+        assert rig.tier.counters.late_lookups == 1  # counted once, by the tier
     finally:
         rig.backend.gate.set()
     assert rig.settled_lookup([b"a"]) == 1  # asked anew, answered in time
+    assert rig.tier.counters.late_lookups == 1
+
+
+def test_an_answer_taken_past_its_deadline_is_a_miss_counted_late():
+    rig = Rig(lookup_deadline_s=0.05)
+    offloader = rig.offloader
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e"], [4]))  # a goes down
+    offloader.drain()
+    rig.backend.gate.clear()
+    try:
+        assert offloader.lookup([b"a"]) is None
+        time.sleep(0.1)
+        assert offloader.lookup([b"a"]) == 0 and rig.tier.counters.late_lookups == 1
+    finally:
+        rig.backend.gate.set()
 
 
 def test_an_unreachable_tier_makes_misses_and_stores_still_land(rig):

@@ -370,3 +370,37 @@ def test_bad_writes_are_refused_before_a_file_is_written(tmp_path):
     with pytest.raises(ValueError, match="payloads must be chunk_bytes"):
         backend.write([b"k"], [header], [memoryview(bytes(65))])
     assert backend.exists([b"k"]) == [False] and chunk_files(backend) == []
+
+
+def occupy_with_a_directory(path: str) -> None:
+    """Put a non-empty directory where a chunk file was: unlinking it fails (EISDIR, even as root)."""
+    os.unlink(path)
+    os.makedirs(f"{path}/inside")
+
+
+def test_an_evicted_file_that_cannot_be_removed_leaves_the_index_whole(tmp_path, caplog):
+    pool = random_pool(4, 12)
+    tier = disk_tier(tmp_path, pool, files=2)
+    tier.submit_store("a", KEYS[:2], [0, 1])
+    finished(tier)
+    occupy_with_a_directory(tier.backend._path(KEYS[0]))  # KEYS[0] is evicted next
+    tier.submit_store("b", KEYS[2:3], [2])
+    assert finished(tier)["b"].success
+    assert "removing" in caplog.text
+    assert tier.contains(KEYS[1:3]) == [True, True]
+    tier.submit_load("l", KEYS[2:3], [3])
+    assert finished(tier)["l"].success
+    np.testing.assert_array_equal(pool[3], pool[2])
+    assert tier.backend.used_files() == 2  # no slot left stuck as being written
+
+
+def test_a_restart_starts_past_an_entry_it_cannot_remove(tmp_path):
+    pool = random_pool(2, 13)
+    tier = disk_tier(tmp_path, pool)
+    tier.submit_store("a", KEYS[:1], [0])
+    finished(tier)
+    tier.close()
+    stranger = f"{tier.backend.directory}/00/00aa"  # a chunk's name, no chunk's size
+    os.makedirs(f"{stranger}/inside")
+    restarted = disk_tier(tmp_path, pool)
+    assert restarted.contains(KEYS[:1]) == [True]

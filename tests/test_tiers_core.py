@@ -377,3 +377,68 @@ def test_close_lets_the_host_memory_owner_release_its_buffer():
     tier.submit_store(1, KEYS[:1], [0])
     tier.close()
     memory.release()  # BufferError while the tier still held a view of it
+
+
+def test_a_lookup_taken_past_its_deadline_is_misses_counted_once():
+    backend = DictBackend()
+    tier = tier_over(backend, lookup_deadline_s=0.01)
+    tier.submit_store(1, KEYS[:2], [0, 1])
+    finished(tier)
+    backend.gate.clear()
+    try:
+        lookup = tier.lookup(KEYS[:2])
+        assert lookup.answer() is None  # under way, before its deadline
+        time.sleep(0.02)
+        assert lookup.answer() == [False, False]
+        assert lookup.answer() == [False, False]  # asked again: the same misses, not counted again
+        assert tier.counters.late_lookups == 1
+    finally:
+        backend.gate.set()
+    answered = tier.lookup(KEYS[:3])
+    assert answered.answer(wait=True) == [True, True, False]
+    assert tier.counters.late_lookups == 1
+
+
+def test_a_job_is_reported_even_when_the_callback_fails(caplog):
+    def broken_callback(job):
+        raise RuntimeError("metrics on fire")
+
+    tier = tier_over(DictBackend(), on_job_done=broken_callback)
+    tier.submit_store(1, KEYS[:1], [0])
+    assert [job.job_id for job in finished(tier).values()] == [1]
+    assert "metrics on fire" in caplog.text
+
+
+def test_a_backend_answer_of_the_wrong_length_fails_the_job():
+    class Short(DictBackend):
+        def read_into(self, keys, payloads, header_bytes):
+            return super().read_into(keys, payloads, header_bytes)[:1]
+
+    tier = tier_over(Short())
+    tier.submit_store(1, KEYS[:2], [0, 1])
+    tier.submit_load(2, KEYS[:2], [2, 3])
+    job = finished(tier)[2]
+    assert not job.success and job.failed_keys == tuple(KEYS[:2])
+
+
+def test_the_breaker_gauge_follows_the_breaker_when_calls_interleave():
+    backend = DictBackend()
+    tier = tier_over(backend)
+    breaker = tier._breaker
+    close = breaker.succeeded
+
+    def succeeded_then_another_call_fails():  # another thread's failure lands between the two
+        close()
+        backend.unavailable = True
+        with pytest.raises(BackendUnavailable):
+            tier._call(backend.exists, KEYS[:1])
+
+    breaker.succeeded = succeeded_then_another_call_fails
+    tier.contains(KEYS[:1])
+    assert tier.breaker_open and tier.counters.breaker_open == 1
+
+
+@pytest.mark.parametrize("deadline", ["0.005", None, True])
+def test_a_lookup_deadline_that_is_no_number_is_refused(deadline):
+    with pytest.raises(ValueError, match="lookup_deadline_s"):
+        tier_over(DictBackend(), lookup_deadline_s=deadline)

@@ -284,3 +284,23 @@ def test_tls_with_an_acl_user(tmp_path):
         plain = f"redis://engine:pw-of-engine@127.0.0.1:{server.port}/0"
         refused = tier(plain, pool(1, 19), socket_timeout_s=0.3)  # no TLS: no answer
         assert refused.contains(KEYS[:1]) == [False] and refused.breaker_open
+
+
+def test_a_backend_refused_at_start_closes_its_connections(tmp_path):
+    with redis_server(str(tmp_path), "--maxmemory-policy", "noeviction") as server:
+        admin = redis.Redis.from_url(server.url)
+        before = len(admin.client_list())
+        with pytest.raises(RuntimeError, match="ttl_s") as refused:
+            RedisBackend(RedisSettings(url=server.url), namespace().digest)
+        assert len(admin.client_list()) == before, "the refused backend's connection is open"
+        del refused
+
+
+def test_a_closed_backend_leaves_no_connection_open(server):
+    admin = redis.Redis.from_url(server.url)
+    before = len(admin.client_list())
+    backend = RedisBackend(RedisSettings(url=server.url), namespace().digest)
+    backend.exists(KEYS)
+    assert len(admin.client_list()) == before + 1
+    backend.close()
+    assert len(admin.client_list()) == before

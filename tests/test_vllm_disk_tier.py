@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 import pytest
@@ -15,12 +16,14 @@ from tests.vllm_support import offloading_config, require_vllm
 require_vllm()
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from numbakv.integrations.vllm import NumbaKVDiskTier
 from numbakv.tiers.disk import ALIGNMENT
 from tests.tier_engine import (
     CHUNK_BYTES,
+    STEP,
     chunk_bytes,
     engine,
     keys_of,
@@ -149,3 +152,50 @@ def test_the_documented_combination_numbakvs_policy_above_numbakvs_disk_tier(tmp
     for key, found in zip(keys, loaded_bytes(spec, keys[:4])):
         np.testing.assert_array_equal(found, chunk_bytes(key))
     manager.shutdown()
+
+
+def wait_for_job(tier, job_id: int) -> JobResult:
+    for _ in range(1000):
+        results = {result.job_id: result for result in tier.get_finished_jobs()}
+        if job_id in results:
+            return results[job_id]
+        tier.tier.drain()
+    raise AssertionError(f"job {job_id} never reported")
+
+
+def test_a_failed_load_beside_a_newer_probe_of_its_chunk_keeps_the_scheduler_going(tmp_path):
+    """A request finished while its promotion still ran; a new request asks for the chunk again.
+    The failed load must not resolve the new probe behind vLLM's back (0.32's mark_miss did, and
+    the step's flush then failed its phase assertion)."""
+    writer = engine("engine-a", disk_tier(tmp_path))
+    (key,) = keys_of("late", 1)
+    store(writer, "writer", [key])
+    reader = engine("engine-b", disk_tier(tmp_path))
+    (tier,) = reader.get_manager().secondary_tiers
+    assert lookup_until_resolved(reader, "first", [key])[key] is LookupResult.HIT
+    os.unlink(tier.tier.backend._path(key))  # gone before the promotion reads it
+    tier.on_request_finished(ReqContext(req_id="first"))
+    assert tier.lookup(key, ReqContext(req_id="second")) is LookupResult.RETRY  # a new probe
+    job = TransferJob(1, [key], np.array([0]), is_promotion=True, req_context=ReqContext("first"))
+    tier.submit_load(job)
+    assert not wait_for_job(tier, 1).success
+    tier.on_schedule_end(STEP)  # flushes the new probe
+    for _ in range(1000):
+        found = tier.lookup(key, ReqContext(req_id="second"))
+        if found is not LookupResult.RETRY:
+            break
+        tier.on_schedule_end(STEP)
+        time.sleep(0.01)
+    assert found is LookupResult.MISS
+    writer.get_manager().shutdown()
+    reader.get_manager().shutdown()
+
+
+def test_a_refused_job_leaves_no_pending_work(tmp_path):
+    (tier,) = engine("engine-a", disk_tier(tmp_path)).get_manager().secondary_tiers
+    keys = keys_of("twice", 2)
+    job = TransferJob(1, keys, np.array([3, 3]), is_promotion=True, req_context=ReqContext("r"))
+    with pytest.raises(ValueError, match="distinct"):
+        tier.submit_load(job)
+    assert not tier.has_pending_work()
+    tier.shutdown()

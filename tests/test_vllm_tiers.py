@@ -146,3 +146,15 @@ def test_stored_chunks_are_kv_events_and_promotions_are_not(server):
     assert not [e for e in reader.get_manager().take_events() if e.medium is Medium.STORAGE]
     writer.get_manager().shutdown()
     reader.get_manager().shutdown()
+
+
+def test_a_tier_that_fails_to_start_closes_its_connections(server, tmp_path, monkeypatch):
+    import redis
+
+    admin = redis.Redis.from_url(server.url)
+    before = len(admin.client_list())
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "absent"))  # metrics cannot start
+    with pytest.raises(NotADirectoryError, match="PROMETHEUS_MULTIPROC_DIR") as refused:
+        engine("engine-a", redis_tier(server.url)).get_manager()
+    assert len(admin.client_list()) == before, "the refused tier's connection is open"
+    del refused

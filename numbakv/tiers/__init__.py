@@ -7,7 +7,7 @@ the host pool, checked before they are loaded.
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
 from numbakv.tiers.chunk_format import CorruptChunk
 from numbakv.tiers.namespace import Namespace
-from numbakv.tiers.tier import ChunkTier, TierCounters
+from numbakv.tiers.tier import ChunkTier, TierCounters, TierLookup
 
 __all__ = [
     "BackendUnavailable",
@@ -17,4 +17,5 @@ __all__ = [
     "Namespace",
     "StoredValue",
     "TierCounters",
+    "TierLookup",
 ]

@@ -194,10 +194,7 @@ class DiskBackend(ChunkBackend):
 
     def _unlink(self, keys: Sequence[bytes]) -> None:
         for key in keys:
-            try:
-                os.unlink(self._path(key))
-            except FileNotFoundError:
-                pass  # another process sharing the directory removed it first
+            _remove_quietly(self._path(key))
 
     def _io_buffer(self) -> memoryview:
         """This thread's page-aligned buffer of one file: the header block, then a payload."""
@@ -231,10 +228,7 @@ class DiskBackend(ChunkBackend):
             os.replace(temp, path)
         except OSError as error:
             logger.warning("numbakv disk tier: storing %s failed: %s", key.hex(), error)
-            try:
-                os.unlink(temp)
-            except FileNotFoundError:
-                pass
+            _remove_quietly(temp)
             return False
         return True
 
@@ -364,7 +358,11 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_quietly(path: str) -> None:
+    """Remove a file, gone already or not; one that cannot be removed is logged and left (the
+    index forgets it all the same, and a file left there is checked like any other when read)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
-        pass
+        pass  # another process sharing the directory removed it first
+    except OSError as error:
+        logger.warning("numbakv disk tier: removing %s failed: %s", path, error)

@@ -147,7 +147,11 @@ class RedisBackend(ChunkBackend):
             self._prefix.decode(),
             "none" if settings.ttl_s is None else f"{settings.ttl_s} s",
         )
-        self._check_capacity_policy()
+        try:
+            self._check_capacity_policy()
+        except BaseException:  # refused at start: no connection outlives the error
+            self._client.close()
+            raise
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         replies = self._pipelined(lambda pipe, key, _: pipe.exists(key), keys)
@@ -315,7 +319,7 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
             timeout=settings.socket_timeout_s,
             **options,
         )
-        client = redis.Redis(connection_pool=pool)
+        client = redis.Redis.from_pool(pool)  # owns the pool: close() disconnects it
     try:
         client.ping()
     except AuthenticationError as error:

@@ -14,8 +14,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from queue import SimpleQueue
 
@@ -60,7 +61,7 @@ class TierCounters:
 
     lookups: int = 0
     lookup_hits: int = 0
-    late_lookups: int = 0  # answered as misses at the deadline
+    late_lookups: int = 0  # batched lookups taken as misses, unanswered at their deadline
     loaded_own: int = 0  # chunks loaded that this writer stored
     loaded_other: int = 0  # chunks loaded that another writer stored
     loaded_bytes: int = 0
@@ -75,6 +76,35 @@ class TierCounters:
     lookup_latency: Latency = field(default_factory=Latency)  # one per batched lookup answered
     load_latency: Latency = field(default_factory=Latency)  # one per load job
     store_latency: Latency = field(default_factory=Latency)  # one per store job
+
+
+class TierLookup:
+    """A batched lookup under way: its answer once the tier has it, misses once its deadline has
+    passed without one (counted once in `late_lookups`) or when it failed."""
+
+    def __init__(
+        self, future: Future[list[bool]], size: int, deadline_s: float, on_late: Callable[[], None]
+    ) -> None:
+        self._future = future
+        self._misses = [False] * size
+        self._deadline = time.monotonic() + deadline_s
+        self._on_late = on_late
+        self._late = False
+
+    def answer(self, wait: bool = False) -> list[bool] | None:
+        """Which keys are there to load; None while the tier is still asked before the deadline
+        (with `wait`, it waits until then instead). A late lookup stays misses."""
+        if not self._late:
+            remaining = self._deadline - time.monotonic()
+            if wait and remaining > 0:
+                wait_for_futures((self._future,), timeout=remaining)
+            if self._future.done():
+                return self._misses if self._future.exception() else self._future.result()
+            if not wait and remaining > 0:
+                return None
+            self._late = True
+            self._on_late()
+        return self._misses
 
 
 class ChunkTier:
@@ -114,7 +144,11 @@ class ChunkTier:
             raise ValueError(f"writer_id must be 8 bytes, got {writer_id!r}")
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
-        if not lookup_deadline_s > 0:
+        if (
+            isinstance(lookup_deadline_s, bool)
+            or not isinstance(lookup_deadline_s, (int, float))
+            or not lookup_deadline_s > 0
+        ):
             raise ValueError(f"lookup_deadline_s must be > 0 seconds, got {lookup_deadline_s!r}")
         self._breaker = CircuitBreaker(breaker_cooldown_s, type(backend).__name__)
         self.backend = backend
@@ -148,20 +182,15 @@ class ChunkTier:
         """Whether the tier has stopped calling its store, found unreachable."""
         return self._breaker.is_open
 
-    def lookup(self, keys: Sequence[bytes]) -> Future[list[bool]]:
-        """Start a batched lookup; its future holds which keys are there to load."""
+    def lookup(self, keys: Sequence[bytes]) -> TierLookup:
+        """Start a batched lookup, answered off the caller's thread within the tier's deadline."""
         keys = _checked_keys(keys)
-        return self._lookup_thread.submit(self._lookup, keys)
+        future = self._lookup_thread.submit(self._lookup, keys)
+        return TierLookup(future, len(keys), self.lookup_deadline_s, self._count_late)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
-        """Which keys are there, answered within the deadline: a late or failed lookup is misses."""
-        future = self.lookup(keys)
-        try:
-            return future.result(timeout=self.lookup_deadline_s)
-        except TimeoutError:
-            with self._lock:
-                self.counters.late_lookups += 1
-            return [False] * len(keys)
+        """Which keys are there, waiting at most the deadline: a late or failed lookup is misses."""
+        return self.lookup(keys).answer(wait=True)
 
     def touch(self, keys: Sequence[bytes]) -> None:
         """Mark the keys as used now, the first as the most recent, on the caller's thread: the
@@ -171,14 +200,14 @@ class ChunkTier:
     def submit_store(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
         """Store the chunks in host-pool `rows` under `keys`; the rows must not change until done."""
         keys, rows = self._checked_job(keys, rows)
-        self._submit(self._store, job_id, keys, rows)
+        self._submit(self._store, Direction.STORE, job_id, keys, rows)
 
     def submit_load(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
         """Load the chunks stored under `keys` into host-pool `rows`, each checked first."""
         keys, rows = self._checked_job(keys, rows)
         if len(set(rows.tolist())) != len(rows):
             raise ValueError("rows of a load must be distinct: two chunks cannot land in one row")
-        self._submit(self._load, job_id, keys, rows)
+        self._submit(self._load, Direction.LOAD, job_id, keys, rows)
 
     def take_finished(self) -> list[FinishedJob]:
         """The jobs finished since the last call."""
@@ -222,8 +251,10 @@ class ChunkTier:
             )
         return keys, rows.astype(np.int64)
 
-    def _submit(self, work, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
-        future = self._io_threads.submit(work, job_id, keys, rows)
+    def _submit(
+        self, work, direction: Direction, job_id: Hashable, keys: list[bytes], rows: np.ndarray
+    ) -> None:
+        future = self._io_threads.submit(self._run, work, direction, job_id, keys, rows)
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)
@@ -231,6 +262,23 @@ class ChunkTier:
     def _forget(self, future: Future) -> None:
         with self._lock:
             self._pending.discard(future)
+
+    def _count_late(self) -> None:
+        with self._lock:
+            self.counters.late_lookups += 1
+
+    def _run(
+        self, work, direction: Direction, job_id: Hashable, keys: list[bytes], rows: np.ndarray
+    ) -> None:
+        """Run a job and report it, whatever goes wrong: its caller waits for the report. `work`
+        returns the keys that failed; an error fails them all."""
+        start = time.perf_counter()
+        try:
+            failed = work(keys, rows)
+        except Exception:
+            logger.exception("numbakv tier: %s job %r failed", direction.value, job_id)
+            failed = tuple(keys)
+        self._report(job_id, direction, keys, failed, start)
 
     def _call(self, method, *args):
         """Call the backend through the breaker; BackendUnavailable when it is open or the store
@@ -246,10 +294,11 @@ class ChunkTier:
             with self._lock:
                 self.counters.unavailable += 1
                 self.counters.breaker_opens = self._breaker.opened
-                self.counters.breaker_open = 1
+                self.counters.breaker_open = int(self._breaker.is_open)
             raise
         self._breaker.succeeded()
-        self.counters.breaker_open = 0
+        with self._lock:  # read under the lock: a failure elsewhere meanwhile is not overwritten
+            self.counters.breaker_open = int(self._breaker.is_open)
         return result
 
     def _lookup(self, keys: list[bytes]) -> list[bool]:
@@ -263,18 +312,26 @@ class ChunkTier:
         return found
 
     def _ask_backend(self, method, failed_answer, *args):
-        """`method(*args)` through the breaker, or `failed_answer` when the store fails: a tier
-        never fails its caller."""
+        """`method(*args)` through the breaker, or `failed_answer` when the store fails or answers
+        for another number of keys: a tier never fails its caller."""
         try:
-            return self._call(method, *args)
+            answer = self._call(method, *args)
         except BackendUnavailable:
-            pass  # counted by _call
+            return failed_answer  # counted by _call
         except Exception:
             logger.exception("numbakv tier: %s failed", method.__name__)
-        return failed_answer
+            return failed_answer
+        if failed_answer is not None and len(answer) != len(failed_answer):
+            logger.error(
+                "numbakv tier: %s answered for %d keys, asked for %d",
+                method.__name__,
+                len(answer),
+                len(failed_answer),
+            )
+            return failed_answer
+        return answer
 
-    def _store(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
-        start = time.perf_counter()
+    def _store(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
         headers = [
             encode_header(self._namespace_digest, self.writer_id, p, key)
@@ -289,11 +346,9 @@ class ChunkTier:
             self.counters.stored += len(stored)
             self.counters.stored_bytes += len(stored) * self.chunk_bytes
             self.counters.dropped_stores += len(keys) - len(stored)
-        failed = tuple(key for key, ok in zip(keys, written) if not ok)
-        self._report(job_id, Direction.STORE, keys, failed, start)
+        return tuple(key for key, ok in zip(keys, written) if not ok)
 
-    def _load(self, job_id: Hashable, keys: list[bytes], rows: np.ndarray) -> None:
-        start = time.perf_counter()
+    def _load(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
         values = self._ask_backend(
             self.backend.read_into, [None] * len(keys), keys, payloads, HEADER_BYTES
@@ -325,7 +380,7 @@ class ChunkTier:
             self.counters.loaded_own += own
             self.counters.loaded_other += other
             self.counters.loaded_bytes += (own + other) * self.chunk_bytes
-        self._report(job_id, Direction.LOAD, keys, tuple(failed), start)
+        return tuple(failed)
 
     def _report(
         self, job_id: Hashable, direction: Direction, keys: list[bytes], failed: tuple, start: float
@@ -347,9 +402,12 @@ class ChunkTier:
             seconds=seconds,
             failed_keys=failed,
         )
-        if self._on_job_done is not None:
-            self._on_job_done(job)
         self._finished.put(job)
+        if self._on_job_done is not None:
+            try:
+                self._on_job_done(job)
+            except Exception:  # the job is reported all the same
+                logger.exception("numbakv tier: on_job_done failed for job %r", job_id)
 
 
 def _checked_keys(keys: Sequence[bytes]) -> list[bytes]:

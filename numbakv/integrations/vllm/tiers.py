@@ -34,7 +34,7 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
     ScheduleEndContext,
 )
-from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager, LookupPhase
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from numbakv.jobs import Direction
@@ -90,6 +90,18 @@ class _Lookups(AsyncLookupManager):
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
         return self._tier.contains(keys)
 
+    def mark_miss(self, keys: Collection[OffloadKey]) -> None:
+        """A failed load's chunks are misses from now on. A newer probe of one, still under way,
+        is left to its own answer (a miss: the tier finds no failed chunk until it is stored
+        anew), as vLLM 0.33 does; 0.32 resolved it too, and the step's flush then failed its
+        phase assertion."""
+        resolved = []
+        for key in keys:
+            state = self._lookup_state.get(key)
+            if state is not None and state.phase is LookupPhase.RESOLVED:
+                resolved.append(key)
+        super().mark_miss(resolved)
+
 
 class ChunkTierManager(SecondaryTierManager):
     """vLLM's secondary-tier contract over a `ChunkTier` whose backend `open_backend` makes.
@@ -127,8 +139,9 @@ class ChunkTierManager(SecondaryTierManager):
         backend = self.open_backend(
             backend_settings, self.namespace, chunk_bytes=row_bytes, removal_events=emit
         )
-        try:
-            self.tier = ChunkTier(
+        tier = None
+        try:  # a start that fails leaves no connection, thread or view of the host pool behind
+            self.tier = tier = ChunkTier(
                 backend,
                 host_pool,
                 self.namespace,
@@ -136,14 +149,14 @@ class ChunkTierManager(SecondaryTierManager):
                 lookup_deadline_s=lookup_deadline_s,
                 breaker_cooldown_s=breaker_cooldown_s,
             )
-        except ValueError:
-            backend.close()
+            self._metrics = self._numbakv_metrics(offloading_spec)
+        except BaseException:
+            (backend if tier is None else tier).close()
             raise
         self._lookups = _Lookups(self.tier, tier_type)
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
         self._events: list[OffloadingEvent] | None = [] if emit else None
         self._reported = TierCounters()  # what get_stats has reported so far
-        self._metrics = self._numbakv_metrics(offloading_spec)
 
     @classmethod
     @abstractmethod
@@ -172,13 +185,13 @@ class ChunkTierManager(SecondaryTierManager):
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
-        self._job_keys[job_metadata.job_id] = keys
         self.tier.submit_store(job_metadata.job_id, keys, job_metadata.chunk_ids)
+        self._job_keys[job_metadata.job_id] = keys  # reported on this thread, never before this
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
-        self._job_keys[job_metadata.job_id] = keys
         self.tier.submit_load(job_metadata.job_id, keys, job_metadata.chunk_ids)
+        self._job_keys[job_metadata.job_id] = keys
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """Finished jobs; a failed load names the chunks it did move, and its failed chunks are
