@@ -442,3 +442,17 @@ def test_the_breaker_gauge_follows_the_breaker_when_calls_interleave():
 def test_a_lookup_deadline_that_is_no_number_is_refused(deadline):
     with pytest.raises(ValueError, match="lookup_deadline_s"):
         tier_over(DictBackend(), lookup_deadline_s=deadline)
+
+
+def test_failed_loads_are_remembered_up_to_a_bound_oldest_forgotten_first(monkeypatch):
+    monkeypatch.setattr("numbakv.tiers.tier.UNLOADABLE_LIMIT", 2)
+    backend = DictBackend()
+    tier = tier_over(backend)
+    tier.submit_store(1, KEYS[:3], [0, 1, 2])
+    finished(tier)
+    for job, key in enumerate(KEYS[:3], start=2):
+        backend.values[key] = b"junk"
+        tier.submit_load(job, [key], [4])
+        finished(tier)
+        backend.values[key] = b"back"  # the store claims it again
+    assert tier.contains(KEYS[:3]) == [True, False, False]

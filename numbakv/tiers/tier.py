@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
@@ -40,6 +41,7 @@ logger = logging.getLogger("numbakv.tiers")
 DEFAULT_LOOKUP_DEADLINE_S = 0.005
 DEFAULT_IO_THREADS = 4
 DEFAULT_BREAKER_COOLDOWN_S = 5.0
+UNLOADABLE_LIMIT = 1 << 16
 
 
 @dataclass(slots=True)
@@ -159,7 +161,9 @@ class ChunkTier:
         self._pool = host_pool
         self._namespace_digest = namespace.digest
         self._on_job_done = on_job_done
-        self._unloadable: set[bytes] = set()  # failed loads, until stored anew
+        # Failed loads, until stored anew; the oldest forgotten past UNLOADABLE_LIMIT keys (by
+        # then the store has usually dropped them: a forgotten key costs one more failed load).
+        self._unloadable: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self._finished: SimpleQueue[FinishedJob] = SimpleQueue()
         self._pending: set[Future] = set()
@@ -342,7 +346,8 @@ class ChunkTier:
         )
         stored = [key for key, ok in zip(keys, written) if ok]
         with self._lock:
-            self._unloadable.difference_update(stored)
+            for key in stored:
+                self._unloadable.pop(key, None)
             self.counters.stored += len(stored)
             self.counters.stored_bytes += len(stored) * self.chunk_bytes
             self.counters.dropped_stores += len(keys) - len(stored)
@@ -375,7 +380,9 @@ class ChunkTier:
         if corrupt:  # if the delete fails, the next reader's check catches them again
             self._ask_backend(self.backend.delete, None, corrupt)
         with self._lock:
-            self._unloadable.update(failed)
+            self._unloadable.update(dict.fromkeys(failed))
+            while len(self._unloadable) > UNLOADABLE_LIMIT:
+                self._unloadable.popitem(last=False)
             self.counters.integrity_failures += len(corrupt)
             self.counters.loaded_own += own
             self.counters.loaded_other += other
