@@ -199,3 +199,17 @@ def test_a_refused_job_leaves_no_pending_work(tmp_path):
         tier.submit_load(job)
     assert not tier.has_pending_work()
     tier.shutdown()
+
+
+@pytest.mark.skipif(
+    not hasattr(TieringOffloadingSpec, "config_info_keys"), reason="vLLM 0.32 has no config_info"
+)
+def test_vllm_config_info_names_the_tiers_namespace_chunk_and_capacity(tmp_path):
+    spec = engine("info-engine", disk_tier(tmp_path, files=8))
+    keys = TieringOffloadingSpec.config_info_keys(spec.extra_config)
+    _, disk = spec.get_manager().config_info()
+    assert {"numbakv_namespace", "numbakv_chunk_bytes", "numbakv_capacity_chunks"} <= set(keys)
+    (tier,) = spec.get_manager().secondary_tiers
+    assert disk["numbakv_namespace"] == tier.namespace.digest.hex()
+    assert (disk["numbakv_chunk_bytes"], disk["numbakv_capacity_chunks"]) == (CHUNK_BYTES, 8)
+    spec.get_manager().shutdown()

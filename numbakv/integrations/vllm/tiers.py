@@ -103,6 +103,9 @@ class _Lookups(AsyncLookupManager):
         super().mark_miss(resolved)
 
 
+CONFIG_INFO_KEYS = ("numbakv_namespace", "numbakv_chunk_bytes", "numbakv_capacity_chunks")
+
+
 class ChunkTierManager(SecondaryTierManager):
     """vLLM's secondary-tier contract over a `ChunkTier` whose backend `open_backend` makes.
 
@@ -173,6 +176,24 @@ class ChunkTierManager(SecondaryTierManager):
         `chunk_bytes` is one primary-tier row; `removal_events` says whether vLLM's KV events are
         on, for a backend that removes chunks itself (the disk tier evicts) to report them.
         """
+
+    @classmethod
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        """vLLM 0.33's `vllm:kv_offload_config_info` labels of this tier (0.32 never asks)."""
+        return CONFIG_INFO_KEYS
+
+    def config_info(self) -> dict[str, str | int]:
+        """What the tier's chunks are and how many it may hold ("None" where the store decides)."""
+        capacity = self.capacity_chunks()
+        return {
+            "numbakv_namespace": self.namespace.digest.hex(),
+            "numbakv_chunk_bytes": self.tier.chunk_bytes,
+            "numbakv_capacity_chunks": "None" if capacity is None else capacity,
+        }
+
+    def capacity_chunks(self) -> int | None:
+        """How many chunks the tier holds at most; None where the store itself bounds it."""
+        return None
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
