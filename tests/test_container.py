@@ -147,7 +147,8 @@ def test_image_runs_the_sidecar_as_its_non_root_user(image, tmp_path):
         image,
     )
     assert (
-        config == f"{IMAGE_UID}:{IMAGE_UID} [CMD python3 -m numbakv.service.healthcheck] [numbakv-sidecar]"
+        config
+        == f"{IMAGE_UID}:{IMAGE_UID} [CMD python3 -m numbakv.service.healthcheck] [numbakv-sidecar]"
     )
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir(mode=0o755)
