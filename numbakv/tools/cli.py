@@ -11,7 +11,11 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+if TYPE_CHECKING:
+    from numbakv.tools.fleet import FleetResult
+    from numbakv.tools.replay import ReplayResult
 
 INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (128 + SIGINT)
 MISSING_EXTRA = 2  # like bad input: the command cannot start as asked; the pip line says why
@@ -90,3 +94,17 @@ def print_json(document: Any) -> None:
     """The machine-readable result: one JSON document, alone on stdout."""
     json.dump(document, sys.stdout)
     sys.stdout.write("\n")
+
+
+def print_hit_ratio(result: ReplayResult | FleetResult, requests: int, out: TextIO) -> None:
+    """The hit-ratio line of a report, saying so when the replay stopped before `requests`."""
+    partial = (
+        f"; partial: stopped after {result.requests:,} of {requests:,} requests"
+        if result.requests < requests
+        else ""
+    )
+    print(
+        f"hit ratio       {result.hit_ratio:.4f}  "
+        f"({result.hits:,} of {result.references:,} block references{partial})",
+        file=out,
+    )

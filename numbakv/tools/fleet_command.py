@@ -17,7 +17,7 @@ from typing import TextIO
 
 from numbakv.policies import resolve_policy
 from numbakv.tools.belady import BELADY
-from numbakv.tools.cli import Parser, interrupted, positive_int, print_json
+from numbakv.tools.cli import Parser, interrupted, positive_int, print_hit_ratio, print_json
 from numbakv.tools.fleet import TIERINGS, FleetConfig, FleetInterrupted, FleetResult, fleet_grid
 from numbakv.tools.fleet_planning import (
     NONE,
@@ -217,16 +217,7 @@ def _print_run(
         sized = f"{capacity.label}: " if capacity.unit else ""
         held = f"{sized}{capacity.blocks:,} blocks{of} {tier}" if capacity.blocks else "none"
         print(f"{name + ' capacity':<16}{held}", file=out)
-    partial = (
-        f"; partial: stopped after {result.requests:,} of {requests:,} requests"
-        if result.requests < requests
-        else ""
-    )
-    print(
-        f"hit ratio       {result.hit_ratio:.4f}  "
-        f"({result.hits:,} of {result.references:,} block references{partial})",
-        file=out,
-    )
+    print_hit_ratio(result, requests, out)
     for label, hits in (
         ("own host", result.host_hits),
         ("own disk", result.disk_hits),

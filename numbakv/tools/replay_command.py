@@ -30,6 +30,7 @@ from numbakv.tools.cli import (
     missing_extra,
     output_file,
     positive_int,
+    print_hit_ratio,
     print_json,
 )
 from numbakv.tools.fleet_command import add_fleet_arguments, check_fleet, run_fleet, wants_fleet
@@ -254,16 +255,7 @@ def _print_run(
     of = f" of {bytes_label(block_bytes)}" if block_bytes else ""
     print(f"policy          {policy}", file=out)
     print(f"capacity        {size}{result.capacity:,} blocks{of}", file=out)
-    partial = (
-        f"; partial: stopped after {result.requests:,} of {requests:,} requests"
-        if result.requests < requests
-        else ""
-    )
-    print(
-        f"hit ratio       {result.hit_ratio:.4f}  "
-        f"({result.hits:,} of {result.references:,} block references{partial})",
-        file=out,
-    )
+    print_hit_ratio(result, requests, out)
     print(f"evictions       {result.evictions:,}", file=out)
     print(f"stores skipped  {result.stores_skipped:,}", file=out)
     print(
