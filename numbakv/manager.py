@@ -173,6 +173,12 @@ class CPUOffloadingManager:
         block_id = self._policy.get(block_hash)
         return block_id is not None and self._ref_counts[block_id] == NOT_READY
 
+    def ready_block_ids(self) -> HostBlocks:
+        """The host slots of every ready block, idle or being read, ascending: what a tier below
+        host memory may copy (a block being stored is not there yet). O(capacity), in NumPy."""
+        ready = np.array(self._ref_counts, dtype=np.int64) >= 0
+        return HostBlocks(np.flatnonzero(ready).astype(np.int64))
+
     # --- requests ---
 
     def begin_request(

@@ -7,14 +7,16 @@ load releases its pins. Engines with separate scheduler and worker processes shi
 plain specs across instead (see docs/OFFLOADER.md).
 
 With a second tier (a `numbakv.tiers.ChunkTier` over the same host pool) it also wires the tier
-in: blocks reach it by demotion or write-through, and a host miss the tier holds is promoted into
-host memory off the engine's thread.
+in: blocks reach it by demotion or write-through, a host miss the tier holds is promoted into host
+memory off the engine's thread, and `flush_to_tier` hands host memory's blocks down before the
+engine goes away.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import count
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -36,8 +38,11 @@ DEMOTE: Tiering = "demote"
 WRITE_THROUGH: Tiering = "write-through"
 TIERINGS = (DEMOTE, WRITE_THROUGH)
 _PROMOTE = "promote"  # the tier job kinds besides the two tierings
+_FLUSH = "flush"
 MAX_TIER_LOOKUPS = 4096
 """Tier lookups kept under way at once; past it the oldest is forgotten (its request asks anew)."""
+FLUSH_BATCH_BLOCKS = 64
+"""Blocks a flush hands the tier in one job: several jobs keep the tier's I/O threads busy."""
 
 
 def tier_key(block_hash: BlockHash) -> bytes:
@@ -54,6 +59,19 @@ def tier_key(block_hash: BlockHash) -> bytes:
         "block_hashes must be non-empty bytes or 64-bit ints to be kept in a tier, got "
         f"{block_hash!r}"
     )
+
+
+@dataclass(frozen=True)
+class TierFlush:
+    """What `KVOffloader.flush_to_tier` handed down: how many host blocks the tier took, and the
+    hashes of those it failed to store (still in host memory only; a later flush retries them)."""
+
+    stored: int
+    failed: tuple[BlockHash, ...] = ()
+
+    @property
+    def success(self) -> bool:
+        return not self.failed
 
 
 class Transfers(Protocol):
@@ -124,15 +142,19 @@ class KVOffloader:
         self._jobs: dict[int, tuple[Direction, list, np.ndarray]] = {}
         self._job_ids = count()
         self._finished: list[FinishedJob] = []
-        self._tier_jobs: dict[int, tuple[str, list]] = {}  # in flight: kind, block hashes
+        # Tier jobs in flight: kind, block hashes, host ids (for a demotion, the evicted rows).
+        self._tier_jobs: dict[int, tuple[str, list, np.ndarray]] = {}
         self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
         self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
         self._promoting: set[BlockHash] = set()
         # Tier lookups under way, by a request's first host miss: the lookup, the hashes asked.
         self._tier_lookups: dict[BlockHash, tuple[TierLookup, list]] = {}
-        # Promoted blocks still in host memory: the tier has them already, so evicting one again
-        # copies nothing down. At most one entry a host block.
-        self._promoted: set[BlockHash] = set()
+        # With a tier, by host slot: the hash the offloader last put there, and whether the tier
+        # holds that block too (promoted, written through or flushed), so evicting or flushing it
+        # again copies nothing down.
+        slots = manager.num_blocks if tier is not None else 0
+        self._slot_hashes = np.empty(slots, dtype=object)
+        self._below = np.zeros(slots, dtype=bool)
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
         """How many leading blocks the host pool can load; None: ask again after a `poll`.
@@ -222,7 +244,7 @@ class KVOffloader:
         being demoted, once the demotion has finished (`_collect` does)."""
         job_id = next(self._job_ids)
         try:  # host ids come from the manager, sized to the pool: the gpu ids are checked
-            demotion = self._demote(plan)
+            demotion = self._take_slots(plan)
             if demotion is None:
                 self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
             else:
@@ -245,18 +267,22 @@ class KVOffloader:
             self._settle(direction, self._jobs.pop(job_id)[1], success=False)
             self._finished.append(FinishedJob(job_id, direction, False, 0, 0.0))
 
-    def _demote(self, plan: StorePlan | None) -> int | None:
-        """Copy the blocks `plan` evicted down to the tier; the tier job id, None if none."""
-        if self.tier is None or self.tiering != DEMOTE or plan is None:
+    def _take_slots(self, plan: StorePlan | None) -> int | None:
+        """Note which blocks `plan` puts in which host slots, and copy the blocks it evicted down
+        to the tier unless it holds them already; the tier job id, None if none."""
+        if self.tier is None or plan is None:
             return None
-        evicted, rows = plan.block_hashes_evicted, plan.evicted_block_ids.block_ids
-        below = [block_hash in self._promoted for block_hash in evicted]
-        if any(below):
-            self._promoted.difference_update(evicted)
-            evicted = [block_hash for block_hash, known in zip(evicted, below) if not known]
-            rows = rows[~np.array(below)]
-        if not evicted:
+        rows = plan.evicted_block_ids.block_ids
+        below = self._below[rows]  # read before the new blocks take the victims' slots
+        slots = plan.store_spec.block_ids
+        self._slot_hashes[slots] = plan.block_hashes_to_store
+        self._below[slots] = False
+        if self.tiering != DEMOTE or below.all():
             return None
+        evicted = plan.block_hashes_evicted
+        if below.any():
+            evicted = [h for h, known in zip(evicted, below.tolist()) if not known]
+            rows = rows[~below]
         return self._tier_job(DEMOTE, evicted, rows)
 
     def _tier_job(self, kind: str, block_hashes: list, host_ids: np.ndarray) -> int:
@@ -264,7 +290,7 @@ class KVOffloader:
         keys = [tier_key(block_hash) for block_hash in block_hashes]
         submit = self.tier.submit_load if kind == _PROMOTE else self.tier.submit_store
         submit(job_id, keys, host_ids)
-        self._tier_jobs[job_id] = (kind, block_hashes)
+        self._tier_jobs[job_id] = (kind, block_hashes, host_ids)
         return job_id
 
     def _promote(self, missed: list, hits: int) -> int | None:
@@ -286,7 +312,7 @@ class KVOffloader:
         promoted = plan.block_hashes_to_store
         try:
             start = partial(self._tier_job, _PROMOTE, promoted, plan.store_spec.block_ids)
-            demotion = self._demote(plan)
+            demotion = self._take_slots(plan)
             if demotion is None:
                 start()
             else:
@@ -344,15 +370,56 @@ class KVOffloader:
     def drain(self) -> list[FinishedJob]:
         """Wait for every job in flight, the tier's jobs and lookups too (at shutdown, say);
         returns what `poll` would."""
+        self._finish_jobs()
+        for lookup, _ in self._tier_lookups.values():
+            lookup.answer(wait=True)
+        return self.poll()
+
+    def _finish_jobs(self) -> None:
+        """Wait for every engine and tier job in flight and settle it; `poll` reports them."""
         while self._jobs or self._tier_jobs:
             if self._jobs:
                 self.wait(next(iter(self._jobs)))
             else:
                 self.tier.drain()
                 self._collect()
-        for lookup, _ in self._tier_lookups.values():
-            lookup.answer(wait=True)
-        return self.poll()
+
+    def flush_to_tier(self) -> TierFlush:
+        """Store every ready host block the tier does not hold yet down to it, and wait: what an
+        engine that demotes calls before it goes away, so that host memory's blocks outlive it.
+
+        Jobs in flight are finished first (a store's blocks are flushed once written; `poll`
+        still reports the jobs), and the blocks are copied while nothing can evict them. Blocks
+        the tier holds already (promoted, written through, flushed) are not copied again, so a
+        second flush copies nothing. A store the tier fails is reported in the result and logged,
+        never raised: host memory keeps the blocks, and a later flush retries them. Without a
+        tier there is nothing to do.
+        """
+        if self.tier is None:
+            return TierFlush(stored=0)
+        self._finish_jobs()
+        rows = self.manager.ready_block_ids().block_ids
+        rows = rows[~self._below[rows]]
+        hashes = self._slot_hashes[rows].tolist()
+        for start in range(0, len(rows), FLUSH_BATCH_BLOCKS):
+            batch = rows[start : start + FLUSH_BATCH_BLOCKS]
+            try:
+                self._tier_job(_FLUSH, hashes[start : start + len(batch)], batch)
+            except Exception:  # a tier that refuses the job (closed, say) fails its blocks
+                logger.exception(
+                    "numbakv offloader: the tier refused to flush %d blocks", len(batch)
+                )
+        self._finish_jobs()
+        left = ~self._below[rows]
+        failed = tuple(h for h, lost in zip(hashes, left.tolist()) if lost) if left.any() else ()
+        if failed:
+            logger.warning(
+                "numbakv offloader: %d of %d host blocks could not be flushed to the tier; they "
+                "are in host memory only",
+                len(failed),
+                len(rows),
+            )
+        return TierFlush(stored=len(rows) - len(failed), failed=failed)
 
     def reset(self) -> list[FinishedJob]:
         """Forget every cached block, safely while jobs are in flight; returns what `poll` would.
@@ -364,7 +431,7 @@ class KVOffloader:
         """
         finished = self.drain()
         self.manager.reset_cache()
-        self._promoted.clear()
+        self._below[:] = False
         return finished
 
     def _collect(self) -> None:
@@ -385,19 +452,22 @@ class KVOffloader:
 
     def _settle_tier_job(self, job: FinishedJob) -> None:
         """A tier job is the offloader's own: the engine sees its effect, never the job."""
-        kind, block_hashes = self._tier_jobs.pop(job.job_id)
+        kind, block_hashes, host_ids = self._tier_jobs.pop(job.job_id)
         if kind == DEMOTE:  # done or failed, the evicted blocks' slots are free to overwrite
             self._after_demotion.pop(job.job_id)()
-        elif kind == WRITE_THROUGH:  # the host copy is good whether the tier kept one or not
+            return
+        moved = np.ones(len(host_ids), dtype=bool)
+        if job.failed_keys:
+            failed = set(job.failed_keys)
+            moved = np.array([tier_key(h) not in failed for h in block_hashes], dtype=bool)
+        self._below[host_ids[moved]] = True  # the tier holds these blocks of host memory too
+        if kind == WRITE_THROUGH:  # the host copy is good whether the tier kept one or not
             self.manager.complete_store(block_hashes, success=True)
-        else:
-            failed = set(job.failed_keys)  # a failed promotion is a miss, never wrong bytes
-            lost = [h for h in block_hashes if tier_key(h) in failed]
+        elif kind == _PROMOTE:  # a failed promotion is a miss, never wrong bytes
+            lost = [h for h, ok in zip(block_hashes, moved.tolist()) if not ok]
             self.manager.complete_store(lost, success=False)
             self.manager.complete_store(block_hashes, success=True)
             self._promoting.difference_update(block_hashes)
-            if self.tiering == DEMOTE:
-                self._promoted.update(h for h in block_hashes if tier_key(h) not in failed)
 
     def _settle(self, direction: Direction, block_hashes: list, success: bool) -> None:
         if direction is Direction.STORE:

@@ -15,11 +15,13 @@ HOST_BLOCKS = 4
 GPU_BLOCKS = 8
 
 
-def engine_process(directory: str, seed: int, tiering: str, store: list, requests: list) -> dict:
+def engine_process(
+    directory: str, seed: int, tiering: str, store: list, requests: list, flush: bool = False
+) -> dict:
     """One engine: a KVOffloader over a random GPU cache and a disk tier in `directory`. It stores
     `store` (hash -> GPU block) through a host pool too small for them all, then serves
-    `requests` (lists of hashes), each loaded into its last GPU blocks; returns the bytes of the
-    blocks involved."""
+    `requests` (lists of hashes), each loaded into its last GPU blocks, and with `flush` hands
+    its host memory down before it exits; returns the bytes of the blocks involved."""
     from numbakv import CPUOffloadingManager, KVOffloader
     from numbakv.datapath import HostPool, TransferEngine
     from numbakv.tiers import ChunkTier
@@ -53,8 +55,10 @@ def engine_process(directory: str, seed: int, tiering: str, store: list, request
         after = cache.host_copies()
         loaded.update((h, cache.block_bytes(after, g)) for h, g in zip(request, targets))
     offloader.drain()
+    flushed = offloader.flush_to_tier() if flush else None
     tier.close()
     return {
+        "flushed": flushed,
         "stored": {h: cache.block_bytes(before, g) for h, g in store},
         "loaded": loaded,
         "own": {g: cache.block_bytes(before, g) for g in range(GPU_BLOCKS)},
@@ -67,12 +71,17 @@ def in_process(*args) -> dict:
         return process.submit(engine_process, *args).result()
 
 
-@pytest.mark.parametrize("tiering", ["demote", "write-through"])
-def test_a_second_process_loads_what_the_first_stored_byte_for_byte(tmp_path, tiering):
+@pytest.mark.parametrize(
+    "tiering, flush", [("demote", False), ("demote", True), ("write-through", False)]
+)
+def test_a_second_process_loads_what_the_first_stored_byte_for_byte(tmp_path, tiering, flush):
     hashes = [b"block-%d" % i for i in range(6)]
-    first = in_process(str(tmp_path), 1, tiering, list(zip(hashes, range(6))), [])
-    # Demotion leaves the last HOST_BLOCKS stored in the first engine's host memory, lost at exit.
-    shared = hashes if tiering == "write-through" else hashes[: 6 - HOST_BLOCKS]
+    first = in_process(str(tmp_path), 1, tiering, list(zip(hashes, range(6))), [], flush)
+    # Demotion alone leaves the last HOST_BLOCKS stored in the first engine's host memory, lost
+    # at exit; a flush hands them down first.
+    shared = hashes[: 6 - HOST_BLOCKS] if tiering == "demote" and not flush else hashes
+    if flush:
+        assert first["flushed"].stored == HOST_BLOCKS and first["flushed"].success
     second = in_process(str(tmp_path), 2, tiering, [], [shared[:3], shared[3:]])
     assert second["loaded"] == {h: first["stored"][h] for h in shared}
     assert second["from_others"] == len(shared)

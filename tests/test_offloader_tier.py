@@ -12,7 +12,7 @@ import pytest
 
 from numbakv import CPUOffloadingManager
 from numbakv.datapath import HostPool, TransferEngine
-from numbakv.offloader import KVOffloader, tier_key
+from numbakv.offloader import KVOffloader, TierFlush, tier_key
 from numbakv.tiers import ChunkTier
 from numbakv.tiers.chunk_format import HEADER_BYTES
 from tests.datapath_cases import make_cache
@@ -24,7 +24,7 @@ HOST_BLOCKS = 4
 class Rig:
     """A GPU cache of 8 random blocks, a host pool of 4, a dict-backed tier over that pool."""
 
-    def __init__(self, tiering="demote", seed=11, backend=None, lookup_deadline_s=1.0):
+    def __init__(self, tiering="demote", seed=11, backend=None, lookup_deadline_s=1.0, **tier):
         self.cache = make_cache("flash_attn", np.random.default_rng(seed), num_blocks=8)
         pool = HostPool.for_layout(self.cache.layout, HOST_BLOCKS)
         self.pool = pool.blocks
@@ -32,7 +32,7 @@ class Rig:
         self.manager = CPUOffloadingManager(block_size=2, num_blocks=HOST_BLOCKS)
         self.backend = backend or DictBackend()
         self.tier = ChunkTier(
-            self.backend, pool.blocks, namespace(), lookup_deadline_s=lookup_deadline_s
+            self.backend, pool.blocks, namespace(), lookup_deadline_s=lookup_deadline_s, **tier
         )
         self.offloader = KVOffloader(self.manager, engine, tier=self.tier, tiering=tiering)
         self.original = self.cache.host_copies()
@@ -260,3 +260,104 @@ def test_a_promoted_block_evicted_again_is_not_copied_down_twice(rig):
     offloader.drain()
     assert writes[6:] == [b"g"]
     rig.load_and_check([b"e", b"f"], [4, 5])
+
+
+def recording_writes(backend) -> list:
+    """The keys `backend` is asked to write, in order, from now on."""
+    writes, write = [], backend.write
+    backend.write = lambda keys, *rest: writes.extend(keys) or write(keys, *rest)
+    return writes
+
+
+def host_row(rig, block_hash) -> np.ndarray:
+    row = rig.manager.prepare_load([block_hash]).block_ids[0]
+    rig.manager.complete_load([block_hash])
+    return rig.pool[row]
+
+
+def test_a_flush_hands_host_memory_down_once_and_a_second_copies_nothing(rig):
+    offloader, writes = rig.offloader, recording_writes(rig.backend)
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e", b"f"], [4, 5]))  # a and b are demoted
+    assert offloader.flush_to_tier() == TierFlush(stored=4)
+    assert sorted(writes) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    for block_hash in [b"c", b"d", b"e", b"f"]:  # what host memory holds, byte for byte
+        stored = rig.backend.values[block_hash][HEADER_BYTES:]
+        assert stored == host_row(rig, block_hash).tobytes()
+    assert offloader.flush_to_tier() == TierFlush(stored=0)
+    offloader.wait(offloader.store([b"g", b"h"], [6, 7]))  # evicts c and d: the tier has them
+    offloader.drain()
+    assert len(writes) == 6 and offloader.flush_to_tier() == TierFlush(stored=2)
+    assert sorted(writes[6:]) == [b"g", b"h"]
+    assert rig.settled_lookup([b"c", b"d"]) == 2  # promoted back: evicts e and f, not copied
+    assert offloader.flush_to_tier().stored == 0 and len(writes) == 8
+    rig.load_and_check([b"c", b"d"], [2, 3])
+
+
+def test_a_flush_with_nothing_to_do_moves_nothing():
+    rig = Rig(tiering="write-through")
+    writes = recording_writes(rig.backend)
+    assert rig.offloader.flush_to_tier() == TierFlush(stored=0)  # host memory is empty
+    rig.offloader.wait(rig.offloader.store([b"a", b"b"], [0, 1]))
+    rig.offloader.drain()
+    assert writes == [b"a", b"b"]
+    assert rig.offloader.flush_to_tier() == TierFlush(stored=0)  # written through already
+    assert writes == [b"a", b"b"]
+    engine = rig.offloader.transfers
+    alone = KVOffloader(CPUOffloadingManager(block_size=2, num_blocks=HOST_BLOCKS), engine)
+    alone.wait(alone.store([b"c"], [2]))
+    assert alone.flush_to_tier() == TierFlush(stored=0)  # no tier below
+
+
+def test_a_flush_finishes_the_jobs_in_flight_first(rig):
+    offloader = rig.offloader
+    offloader.wait(offloader.store([b"a", b"b"], [0, 1]))
+    offloader.poll()
+    load = offloader.load([b"a"], [6])  # a is being read
+    store = offloader.store([b"c", b"d"], [2, 3])  # c and d are being written
+    assert offloader.flush_to_tier() == TierFlush(stored=4)
+    assert {job.job_id for job in offloader.poll()} == {load, store}  # still reported
+    assert rig.manager.stats().being_read == rig.manager.stats().being_stored == 0
+    for gpu_block, block_hash in enumerate([b"a", b"b", b"c", b"d"]):
+        assert rig.backend.values[block_hash][HEADER_BYTES:] == host_row(rig, block_hash).tobytes()
+        assert rig.gpu_bytes(gpu_block) == rig.gpu_bytes(gpu_block, rig.original)
+    assert rig.gpu_bytes(6) == rig.gpu_bytes(0, rig.original)
+
+
+@pytest.mark.parametrize("fault", ["refused", "unreachable", "closed"])
+def test_a_failed_flush_is_reported_and_the_next_flush_retries(fault):
+    rig = Rig(breaker_cooldown_s=0.01)
+    offloader, backend = rig.offloader, rig.backend
+    offloader.wait(offloader.store([b"a", b"b", b"c"], [0, 1, 2]))
+    write = backend.write
+    if fault == "refused":  # a full store refuses one value
+        backend.write = lambda keys, *rest: [key != b"b" for key in keys]
+    elif fault == "unreachable":
+        backend.unavailable = True
+    else:
+        rig.tier.close()
+    flushed = offloader.flush_to_tier()
+    lost = (b"b",) if fault == "refused" else (b"a", b"b", b"c")
+    assert flushed == TierFlush(stored=3 - len(lost), failed=lost) and not flushed.success
+    assert offloader.lookup([b"a", b"b", b"c"]) == 3  # host memory keeps every block
+    rig.load_and_check([b"a", b"b"], [0, 1])
+    if fault == "closed":
+        return
+    backend.write, backend.unavailable = write, False
+    time.sleep(0.02)  # the breaker's cooldown
+    writes = recording_writes(backend)
+    assert offloader.flush_to_tier() == TierFlush(stored=len(lost))
+    assert sorted(writes) == list(lost) and offloader.flush_to_tier() == TierFlush(stored=0)
+
+
+def test_a_block_whose_write_through_failed_is_flushed():
+    rig = Rig(tiering="write-through", breaker_cooldown_s=0.01)
+    offloader = rig.offloader
+    rig.backend.unavailable = True
+    offloader.wait(offloader.store([b"a", b"b"], [0, 1]))
+    offloader.drain()
+    assert offloader.lookup([b"a", b"b"]) == 2 and rig.backend.values == {}
+    rig.backend.unavailable = False
+    time.sleep(0.02)
+    assert offloader.flush_to_tier() == TierFlush(stored=2)
+    assert set(rig.backend.values) == {b"a", b"b"}
