@@ -91,12 +91,19 @@ def test_a_second_process_loads_what_the_first_stored_byte_for_byte(tmp_path, ti
 SMALL = DemoConfig(gpu_blocks=72, host_blocks=96, sessions=8)
 
 
-def test_the_demo_s_second_engine_finds_what_the_first_stored_in_a_directory(tmp_path):
-    first, second = run_engines(DemoConfig(**{**SMALL.__dict__, "tier": f"dir:{tmp_path}"}))
+@pytest.mark.parametrize("tiering", ["demote", "write-through"])
+def test_the_demo_s_second_engine_finds_what_the_first_stored_in_a_directory(tmp_path, tiering):
+    config = DemoConfig(**{**SMALL.__dict__, "tier": f"dir:{tmp_path}", "tiering": tiering})
+    first, second = run_engines(config)
     assert first.mismatched == second.mismatched == 0
-    assert first.tier_stored == first.computed and first.tier_hits_from_others == 0
-    assert second.computed == 0 and second.first_requests_tier_hits > 0
-    assert second.tier_hits == second.tier_hits_from_others >= first.computed  # all it needed
+    assert first.tier_hits_from_others == first.tier_flush_failed == 0
+    if tiering == "demote":  # host memory, full, is handed down when the first engine finishes
+        assert first.tier_flushed == SMALL.host_blocks
+    else:
+        assert first.tier_stored == first.computed and first.tier_flushed == 0
+    assert second.computed == 0 and second.first_requests_tier_hits > 0  # all it needed
+    assert second.tier_hits == second.tier_hits_from_others
+    assert second.tier_flushed == 0  # every block it holds came from the tier
     assert second.verified == second.host_hits + second.tier_hits
 
 

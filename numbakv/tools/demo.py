@@ -8,7 +8,8 @@ that cannot hold it: it reuses blocks still on the GPU, loads what the host tier
 the rest, and offloads through numbakv. Each block's content is derived from its hash, so every
 block loaded back is checked byte for byte against what its hash says it must hold. With --tier,
 two engines in two processes, one after the other, replay the workload over one tier below host
-memory: the second finds what the first stored there.
+memory: the second finds what the first stored there (each hands its host memory down to the tier
+when it finishes, `KVOffloader.flush_to_tier`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from numbakv.jobs import FinishedJob
 from numbakv.manager import CPUOffloadingManager
-from numbakv.offloader import TIERINGS, KVOffloader
+from numbakv.offloader import DEMOTE, TIERINGS, KVOffloader
 from numbakv.policies import POLICIES, resolve_policy
 from numbakv.simulator import simulate_without_gpu
 from numbakv.tools.belady import BELADY
@@ -64,9 +65,7 @@ class DemoConfig:
     requests: int | None = None  # the first this many requests of the workload; None: all
     launch: Mapping[str, Any] | None = None  # TransferEngine's launch options; None: by device
     tier: str | None = None  # a tier below host memory: "dir:PATH" or a redis:// URL
-    # How blocks reach the tier: the first engine exits before the second starts, and demotion
-    # would leave behind what still sits in its host memory (numbakv.offloader.TIERINGS).
-    tiering: str = "write-through"
+    tiering: str = DEMOTE  # how blocks reach the tier (numbakv.offloader.TIERINGS)
 
 
 @dataclass
@@ -79,6 +78,8 @@ class DemoReport:
     first_requests_tier_hits: int = 0  # of those, in the first FIRST_REQUESTS requests
     tier_hits_from_others: int = 0  # promoted blocks another engine (process) stored
     tier_stored: int = 0  # blocks this engine copied down to the tier
+    tier_flushed: int = 0  # of those, from host memory when the engine finished
+    tier_flush_failed: int = 0  # blocks the tier failed to store then
     computed: int = 0
     verified: int = 0
     mismatched: int = 0
@@ -220,9 +221,13 @@ class StandInEngine:
         return hits, min(hits, counters.loaded_own + counters.loaded_other - before)
 
     def close(self) -> None:
-        """Finish every job; count what the tier below stored and served, and close it."""
+        """Finish every job; hand host memory down to the tier below (so the next engine finds
+        it), count what the tier stored and served, and close it."""
         self.offloader.drain()
         if self.tier is not None:
+            flushed = self.offloader.flush_to_tier()
+            self.report.tier_flushed = flushed.stored
+            self.report.tier_flush_failed = len(flushed.failed)
             self.report.tier_stored = self.tier.counters.stored
             self.report.tier_hits_from_others = self.tier.counters.loaded_other
             self.tier.close()
@@ -345,9 +350,11 @@ def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) ->
         file=out,
     )
     if config.tier:
+        failed = f", {report.tier_flush_failed:,} failed" if report.tier_flush_failed else ""
         print(
             f"tier below     {config.tier} ({config.tiering}): {report.tier_stored:,} blocks "
-            f"stored, {report.tier_hits_from_others:,} loaded that another engine stored; "
+            f"stored ({report.tier_flushed:,} flushed from host memory at the end{failed}), "
+            f"{report.tier_hits_from_others:,} loaded that another engine stored; "
             f"{report.first_requests_tier_hits:,} hits in the first {FIRST_REQUESTS} requests",
             file=out,
         )
@@ -428,10 +435,9 @@ def _parser() -> Parser:
         "--tiering",
         choices=TIERINGS,
         default=defaults.tiering,
-        help="how blocks reach the tier below: write-through (every stored block is copied "
-        "down, so the second engine finds all the first computed) or demote (a block evicted "
-        "from host memory moves down; what the first engine still holds at exit is not "
-        "shared) (default: %(default)s)",
+        help="how blocks reach the tier below: demote (a block evicted from host memory moves "
+        "down, and what host memory still holds when an engine finishes is flushed down) or "
+        "write-through (every stored block is copied down at once) (default: %(default)s)",
     )
     parser.add_argument(
         "--json",
