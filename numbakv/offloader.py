@@ -147,6 +147,7 @@ class KVOffloader:
         self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
         self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
         self._promoting: set[BlockHash] = set()
+        self._demoting: set[BlockHash] = set()  # evicted, on their way down: ask again soon
         # Tier lookups under way, by a request's first host miss: the lookup, the hashes asked.
         self._tier_lookups: dict[BlockHash, tuple[TierLookup, list]] = {}
         # With a tier, by host slot: the hash the offloader last put there, and whether the tier
@@ -283,6 +284,7 @@ class KVOffloader:
         if below.any():
             evicted = [h for h, known in zip(evicted, below.tolist()) if not known]
             rows = rows[~below]
+        self._demoting.update(evicted)
         return self._tier_job(DEMOTE, evicted, rows)
 
     def _tier_job(self, kind: str, block_hashes: list, host_ids: np.ndarray) -> int:
@@ -329,6 +331,8 @@ class KVOffloader:
         The first call for a request (named by its first miss) starts the tier's lookup; a later
         one takes the answer, or misses once the deadline has passed (the tier counts them late).
         """
+        if missed[0] in self._demoting:
+            return None  # in neither host memory nor the tier until its demotion lands
         asked = self._tier_lookups.pop(missed[0], None)
         if asked is None:
             if len(self._tier_lookups) >= MAX_TIER_LOOKUPS:
@@ -346,6 +350,8 @@ class KVOffloader:
             if wanted != asked_hash or not found:
                 break
             held += 1
+        if held < len(missed) and missed[held] in self._demoting:
+            return None  # the answer predates that block's demotion: ask again once it lands
         return held
 
     def poll(self) -> list[FinishedJob]:
@@ -454,6 +460,7 @@ class KVOffloader:
         """A tier job is the offloader's own: the engine sees its effect, never the job."""
         kind, block_hashes, host_ids = self._tier_jobs.pop(job.job_id)
         if kind == DEMOTE:  # done or failed, the evicted blocks' slots are free to overwrite
+            self._demoting.difference_update(block_hashes)
             self._after_demotion.pop(job.job_id)()
             return
         moved = np.ones(len(host_ids), dtype=bool)

@@ -101,6 +101,23 @@ def test_a_store_into_slots_being_demoted_waits_for_the_demotion(rig):
     rig.load_and_check([b"a", b"e"], [0, 4])
 
 
+def test_a_block_on_its_way_down_is_asked_for_again_not_missed(rig):
+    """Between its eviction and its demotion's end a block is in neither tier: a lookup then
+    says "ask again", and finds the block once it has landed, instead of a miss."""
+    offloader = rig.offloader
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    rig.backend.gate.clear()  # the tier's store blocks until released
+    try:
+        job = offloader.store([b"e"], [4])  # evicts a: its demotion cannot finish
+        assert offloader.lookup([b"a"]) is None
+        assert offloader.lookup([b"b", b"a"]) is None  # b is in host memory, a on its way
+    finally:
+        rig.backend.gate.set()
+    assert offloader.wait(job)
+    assert rig.settled_lookup([b"a"]) == 1
+    rig.load_and_check([b"a"], [0])
+
+
 def test_write_through_copies_every_store_down_before_it_is_ready():
     rig = Rig(tiering="write-through")
     offloader = rig.offloader
