@@ -180,6 +180,18 @@ def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
             _query(_rate("numbakv_tier_late_lookups_total", by="tier"), "late {{tier}}"),
         ),
         _panel(
+            "Tier occupancy",
+            "percentunit",
+            "Chunks a tier holds / chunks it may hold, for the tiers that bound themselves (a "
+            "disk). Redis has none: its server's maxmemory bounds it (see the server's own "
+            "used_memory).",
+            _query(
+                f"sum by (tier) (numbakv_tier_used_chunks{{{SEL}}})"
+                f" / sum by (tier) (numbakv_tier_capacity_chunks{{{SEL}}})",
+                "{{tier}}",
+            ),
+        ),
+        _panel(
             "Tier breaker open",
             "short",
             "Engines that have stopped calling a tier's store, found unreachable (serving from "

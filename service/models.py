@@ -44,6 +44,14 @@ class TierStats(BaseModel):
     breaker_open: bool = Field(
         description="whether any instance has stopped calling the store, now"
     )
+    used_chunks: int | None = Field(
+        default=None,
+        description="chunks the tier holds now; null where it does not know (Redis: its server "
+        "bounds it)",
+    )
+    capacity_chunks: int | None = Field(
+        default=None, description="chunks the tier may hold; null where it does not know"
+    )
 
 
 class Stats(BaseModel):

@@ -29,7 +29,7 @@ class Totals:
     transfer_bytes: dict[str, float] = field(default_factory=dict)
     transfer_jobs: dict[str, float] = field(default_factory=dict)
     tiers: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per tier name, each of ``_PER_TIER``'s totals."""
+    """Per tier name, each of ``_PER_TIER``'s totals, and ``_TIER_OCCUPANCY``'s where exported."""
     instances: frozenset[str] = frozenset()
 
 
@@ -65,6 +65,13 @@ _PER_TIER = {
 }
 
 
+# Per tier, where it knows them: the Occupancy field each sample reads, to its total's name.
+_TIER_OCCUPANCY = {
+    definition_of(Source.OCCUPANCY, field).sample: total
+    for field, total in (("used", "used_chunks"), ("capacity", "capacity_chunks"))
+}
+
+
 def totals_from(metrics: Iterable[Metric], at: float) -> Totals:
     """Add up the samples of the metrics ``/stats`` reports on."""
     values: dict = {name: 0.0 for name in _SCALARS.values()}
@@ -74,9 +81,10 @@ def totals_from(metrics: Iterable[Metric], at: float) -> Totals:
     for metric in metrics:
         for sample in metric.samples:
             tier_total = _PER_TIER.get((sample.name, sample.labels.get("writer")))
+            tier_total = tier_total or _TIER_OCCUPANCY.get(sample.name)
             if tier_total is not None and "tier" in sample.labels:
                 totals = tiers.setdefault(sample.labels["tier"], dict.fromkeys(_TIER_TOTALS, 0.0))
-                totals[tier_total] += sample.value
+                totals[tier_total] = totals.get(tier_total, 0.0) + sample.value
             elif sample.name in _SCALARS:
                 values[_SCALARS[sample.name]] += sample.value
             elif sample.name in _PER_DIRECTION and sample.labels.get("direction") in DIRECTIONS:
@@ -95,8 +103,13 @@ def _share(part: float, whole: float) -> float | None:
     return part / whole if whole > 0 and part >= 0 else None
 
 
+def _whole(total: float | None) -> int | None:
+    return None if total is None else round(total)
+
+
 def _tier_stats(now: Totals, then: Totals | None) -> dict[str, TierStats]:
-    """Each tier's ratios over the window (none without an earlier sample), its breaker now."""
+    """Each tier's ratios over the window (none without an earlier sample), its breaker and
+    occupancy now (none where the tier does not know it)."""
     stats = {}
     for name, totals in now.tiers.items():
         before = then.tiers.get(name) if then is not None else None
@@ -106,6 +119,8 @@ def _tier_stats(now: Totals, then: Totals | None) -> dict[str, TierStats]:
             hit_ratio=None if delta is None else _share(delta["hits"], delta["lookups"]),
             loaded_from_others=None if delta is None else _share(delta["loaded_other"], loaded),
             breaker_open=totals["breaker_open"] > 0,
+            used_chunks=_whole(totals.get("used_chunks")),
+            capacity_chunks=_whole(totals.get("capacity_chunks")),
         )
     return stats
 

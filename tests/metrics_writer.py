@@ -2,8 +2,8 @@
 
 ``python tests/metrics_writer.py INSTANCE REPEATS [SECONDS [POLICY]]``: runs the known workload
 REPEATS times and syncs; with SECONDS, keeps running a varied workload that long, syncing every
-0.1 s, a tier below host memory (``redis``) counting its own. The manager's policy is POLICY
-(default ``arc``).
+0.1 s, a tier below host memory (``disk``) counting its own and filling up. The manager's policy
+is POLICY (default ``arc``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from numbakv.jobs import FinishedJob
 from numbakv.metrics import OffloadMetrics
-from numbakv.tiers.tier import TierCounters
+from numbakv.tiers import Occupancy, TierCounters
 from tests.metrics_fakes import FakeManager, run_workload
 
 
 class FakeTier:
-    """What the metrics read of a tier: its counters, moved by `step` as a busy tier's would."""
+    """What the metrics read of a tier: its counters and occupancy, moved by `step` as a busy
+    tier's would."""
 
     def __init__(self) -> None:
         self.counters = TierCounters()
+
+    def occupancy(self) -> Occupancy:
+        return Occupancy(min(self.counters.stored, 500), 500)
 
     def step(self) -> None:
         c = self.counters
@@ -54,7 +58,7 @@ def main(instance: str, repeats: int, seconds: float = 0.0, policy: str = "arc")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     manager = FakeManager(capacity=1000, policy_name=policy)
     tier = FakeTier()
-    metrics = OffloadMetrics(manager, instance=instance, tiers={"redis": tier} if seconds else None)
+    metrics = OffloadMetrics(manager, instance=instance, tiers={"disk": tier} if seconds else None)
     for _ in range(repeats):
         run_workload(manager, metrics)
     metrics.sync()

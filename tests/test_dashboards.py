@@ -9,7 +9,7 @@ import sys
 import pytest
 from numbakv.dashboards import generate
 
-from numbakv.metrics.definitions import POLICY_STATE, TIER
+from numbakv.metrics.definitions import POLICY_STATE, TIER, TIER_OCCUPANCY
 
 board = pytest.importorskip(
     "numbakv.dashboards.board", reason="grafana-foundation-sdk (extra: dashboards) not installed"
@@ -105,7 +105,7 @@ def test_generate_without_the_extra_names_the_pip_command(tmp_path):
 
 def test_every_tier_metric_has_a_panel():
     exprs = " ".join(generate.expressions(committed()))
-    for definition in TIER:
+    for definition in (*TIER, *TIER_OCCUPANCY):
         name = definition.name + ("_bucket" if definition.type == "histogram" else "")
         name += "_total" if definition.type == "counter" else ""
         if definition.name != "numbakv_tier_breaker_opens":  # breaker_open shows each opening

@@ -1,14 +1,21 @@
-"""A tier's metrics (numbakv.metrics.definitions.TIER): the same values in-process (scraped) and
-through the multiprocess directory the sidecar reads."""
+"""A tier's metrics (numbakv.metrics.definitions.TIER, TIER_OCCUPANCY): the same values in-process
+(scraped) and through the multiprocess directory the sidecar reads."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 from numbakv.service.metrics_dir import MetricsDirectory
 from prometheus_client import CollectorRegistry
 
-from numbakv.metrics import TIER, OffloadMetrics
-from tests.metrics_fakes import run_engine_process
+from numbakv.metrics import TIER, TIER_OCCUPANCY, OffloadMetrics
+from tests.metrics_fakes import ROOT, run_engine_process
+from tests.test_sidecar import client, reread
+from tests.test_tier_disk import aligned_pool, disk_tier
+from tests.test_tier_disk import finished as disk_finished
 from tests.test_tiers_core import DictBackend, finished, tier_over
 
 
@@ -104,3 +111,95 @@ def test_the_sidecar_summary_gives_each_tier_its_ratios_and_breaker():
     assert stats.tiers["redis"].loaded_from_others == 0.0
     assert stats.tiers["redis"].breaker_open is False
     assert summarize(before, None).tiers["redis"].breaker_open is True
+
+
+DISK_FILES = 4
+
+
+def filling(root):
+    """A real disk tier of 4 files beside a tier that does not know its occupancy (a dict backend,
+    as Redis: its server bounds it); yields them, then again after each step, with the files the
+    disk holds: 3 stored, 2 more (one evicted), 2 more (two evicted), one found damaged (deleted)."""
+    disk = disk_tier(root, aligned_pool(8, 0), files=DISK_FILES)
+    tiers = {"disk": disk, "redis": tier_over(DictBackend())}
+    yield tiers, 0
+    keys = [b"chunk-%d" % i for i in range(7)]
+    for step, (start, stop) in enumerate(((0, 3), (3, 5), (5, 7))):
+        disk.submit_store(step, keys[start:stop], list(range(stop - start)))
+        disk_finished(disk)
+        yield tiers, min(stop, DISK_FILES)
+    with open(disk.backend._path(keys[6]), "r+b") as file:
+        file.truncate(100)
+    disk.submit_load("damaged", keys[6:], [7])
+    assert not disk_finished(disk)["damaged"].success
+    yield tiers, DISK_FILES - 1
+
+
+def occupancy(metrics) -> dict[str, tuple[float, float]]:
+    """Each tier's (used, capacity) chunks, as exported."""
+    found: dict[str, dict[str, float]] = {}
+    for metric in metrics:
+        for sample in metric.samples:
+            if sample.name in ("numbakv_tier_used_chunks", "numbakv_tier_capacity_chunks"):
+                found.setdefault(sample.labels["tier"], {})[sample.name] = sample.value
+    return {
+        tier: (values["numbakv_tier_used_chunks"], values["numbakv_tier_capacity_chunks"])
+        for tier, values in found.items()
+    }
+
+
+def test_occupancy_gauges_follow_a_disk_tier_filling_and_evicting(tmp_path):
+    """Exported only for the tier that knows it: Redis gets no series (not NaN)."""
+    registry = CollectorRegistry()
+    metrics = None
+    for tiers, used in filling(tmp_path):
+        if metrics is None:
+            metrics = OffloadMetrics(instance="e0", registry=registry, enabled=True, tiers=tiers)
+        assert tiers["disk"].backend.used_files() == used
+        assert occupancy(registry.collect()) == {"disk": (used, DISK_FILES)}
+    names = {metric.name for metric in registry.collect()}
+    assert {definition.name for definition in TIER_OCCUPANCY} <= names
+
+
+ENGINE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from numbakv.metrics import OffloadMetrics
+from tests.test_metrics_tiers import filling
+metrics = None
+for tiers, used in filling(sys.argv[2]):
+    metrics = metrics or OffloadMetrics(instance="e0", enabled=True, tiers=tiers)
+    metrics.sync()
+    print(used, flush=True)
+    sys.stdin.readline()
+metrics.close()
+"""
+
+
+def test_the_sidecar_shows_each_tiers_occupancy_while_its_engine_lives(tmp_path):
+    """Through the multiprocess directory: /stats gives the disk's chunks at every step, null
+    for Redis, and null for both once the engine has exited (live gauges)."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    engine = subprocess.Popen(
+        [sys.executable, "-c", ENGINE, ROOT, str(tmp_path / "disk")],
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    steps = []
+    with client(metrics_dir) as c:
+        for line in engine.stdout:
+            reread(c)
+            tiers = c.get("/stats").json()["tiers"]
+            steps.append((tiers["disk"]["used_chunks"], tiers["disk"]["capacity_chunks"]))
+            assert tiers["redis"]["used_chunks"] is tiers["redis"]["capacity_chunks"] is None
+            assert steps[-1] == (int(line), DISK_FILES)
+            engine.stdin.write("\n")
+            engine.stdin.flush()
+        assert engine.wait(timeout=30) == 0
+        reread(c)
+        disk = c.get("/stats").json()["tiers"]["disk"]
+    assert [used for used, _ in steps] == [0, 3, 4, 4, 3]
+    assert disk["used_chunks"] is disk["capacity_chunks"] is None

@@ -4,6 +4,7 @@ engines in two processes share chunks through one real redis-server, byte for by
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -158,3 +159,52 @@ def test_a_tier_that_fails_to_start_closes_its_connections(server, tmp_path, mon
         engine("engine-a", redis_tier(server.url)).get_manager()
     assert len(admin.client_list()) == before, "the refused tier's connection is open"
     del refused
+
+
+CASCADE_FAILURES = "vllm:kv_offload_tiering_cascade_job_failures:('1:NumbaKVRedisTier',)"
+
+
+def test_a_killed_server_costs_misses_and_failed_stores_until_it_is_back(server):
+    """The server killed: the engines keep serving (lookups are misses within the deadline, stores
+    fail as jobs, nothing raises, no work stays pending); restarted on its port, the tier stores
+    and loads byte-exact again once the breaker has cooled down."""
+    cooldown_s, deadline_s = 0.3, 0.5
+    config = redis_tier(
+        server.url,
+        lookup_deadline_s=deadline_s,
+        breaker_cooldown_s=cooldown_s,
+        socket_timeout_s=0.5,
+        connect_timeout_s=0.2,
+    )
+    writer, reader = engine("engine-a", config), engine("engine-b", config)
+    stored = keys_of("before", 4)
+    store(writer, "w1", stored)
+    writer.get_manager().get_stats()  # what vLLM reported so far
+    server.kill()
+
+    started = time.monotonic()
+    results = lookup_until_resolved(reader, "r1", stored)
+    assert list(results.values()) == [LookupResult.MISS] * 4
+    assert time.monotonic() - started < deadline_s + 0.5
+    store(writer, "w2", keys_of("during", 3))  # in host memory; its cascade fails
+    assert not writer.get_manager().has_pending_work()
+    assert not reader.get_manager().has_pending_work()
+    assert writer.get_manager().get_stats().reduce()[CASCADE_FAILURES] == 1
+    writer_tier = writer.get_manager().secondary_tiers[0].tier
+    assert writer_tier.breaker_open and writer_tier.counters.dropped_stores == 3
+    assert lookup_until_resolved(writer, "r2", keys_of("during", 3)) == dict.fromkeys(
+        keys_of("during", 3), LookupResult.HIT
+    )  # host memory still serves
+
+    server.start()  # on the same port, empty: the killed server kept nothing
+    time.sleep(cooldown_s)
+    after = keys_of("after", 3)
+    store(writer, "w3", after)
+    assert not writer_tier.breaker_open and writer_tier.counters.stored == 4 + 3
+    results = lookup_until_resolved(reader, "r3", after)
+    assert list(results.values()) == [LookupResult.HIT] * 3
+    for key, found in zip(after, loaded_bytes(reader, after)):
+        np.testing.assert_array_equal(found, chunk_bytes(key))
+    assert not reader.get_manager().secondary_tiers[0].tier.breaker_open
+    writer.get_manager().shutdown()
+    reader.get_manager().shutdown()

@@ -13,12 +13,14 @@ from prometheus_client.utils import floatToGoString
 
 from numbakv.metrics.definitions import (
     TIER,
+    TIER_OCCUPANCY,
     TRANSFERS,
     Definition,
     ManagerLike,
     Source,
     TierLike,
     manager_definitions,
+    occupied_tiers,
 )
 from numbakv.metrics.recording import TransferRecorder
 
@@ -51,6 +53,8 @@ class ScrapeCollector(Collector):
         )
         self._transfer_families = _with_series(TRANSFERS)
         self._tier_families = _with_series(TIER) if self._tiers else ()
+        self._occupied = occupied_tiers(self._tiers)
+        self._occupancy_families = _with_series(TIER_OCCUPANCY) if self._occupied else ()
 
     def collect(self) -> Iterator[Metric]:
         if self._manager is not None:
@@ -68,6 +72,9 @@ class ScrapeCollector(Collector):
         tiers = [((name, self._instance), tier.counters) for name, tier in self._tiers.items()]
         for definition, series in self._tier_families:
             yield _family(definition, series, tiers)
+        occupancy = [((name, self._instance), t.occupancy()) for name, t in self._occupied.items()]
+        for definition, series in self._occupancy_families:
+            yield _family(definition, series, occupancy)
 
 
 def _with_series(definitions: Sequence[Definition]) -> tuple[tuple[Definition, Series], ...]:

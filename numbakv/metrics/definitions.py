@@ -11,14 +11,16 @@ sidecar's ``/stats`` finds its names in it, so that a metric is defined in one p
 - :data:`TRANSFERS`: transfer jobs, read from the totals of each direction
   (:class:`~numbakv.metrics.recording.TransferTotals`);
 - :data:`TIER`: each tier below host memory (Redis, a disk), read from its
-  ``numbakv.tiers.TierCounters``, one series per tier name.
+  ``numbakv.tiers.TierCounters``, one series per tier name;
+- :data:`TIER_OCCUPANCY`: the chunks a tier holds and may hold, read from its ``occupancy()``,
+  only for the tiers that know them (a disk; not Redis, whose server bounds it).
 """
 
 from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -65,6 +67,8 @@ class TierLike(Protocol):
 
     counters: Any  # TierCounters: ints, and Latency histograms (buckets, seconds)
 
+    def occupancy(self) -> Any: ...  # -> Occupancy(used, capacity), or None: not known
+
 
 class Source(enum.Enum):
     """Where a metric's values are read, once per export; the labels of its series follow."""
@@ -77,12 +81,16 @@ class Source(enum.Enum):
     """A field of one direction's transfer totals; labels ``direction``, ``instance``."""
     TIER = "TierCounters"
     """A field (or dotted path) of a tier's counters; labels ``tier``, ``instance``."""
+    OCCUPANCY = "tier.occupancy()"
+    """A field of a tier's ``Occupancy``, for the tiers that know it; labels ``tier``, ``instance``."""
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return {Source.TRANSFERS: TRANSFER_LABELS, Source.TIER: TIER_LABELS}.get(
-            self, MANAGER_LABELS
-        )
+        return {
+            Source.TRANSFERS: TRANSFER_LABELS,
+            Source.TIER: TIER_LABELS,
+            Source.OCCUPANCY: TIER_LABELS,
+        }.get(self, MANAGER_LABELS)
 
     def reader(self, *fields: str) -> Callable[[Any], Any]:
         """Reads ``fields`` from what this source gives: one value, or a tuple of them (a policy's
@@ -330,6 +338,32 @@ TIER: tuple[Definition, ...] = (
 )
 """A tier's metrics below host memory, one series per tier."""
 
+TIER_OCCUPANCY: tuple[Definition, ...] = (
+    Definition(
+        "numbakv_tier_used_chunks",
+        "gauge",
+        "Chunks a tier holds now (tiers that bound themselves, as a disk; not Redis).",
+        Source.OCCUPANCY,
+        ("used",),
+    ),
+    Definition(
+        "numbakv_tier_capacity_chunks",
+        "gauge",
+        "Chunks a tier may hold (tiers that bound themselves, as a disk; not Redis).",
+        Source.OCCUPANCY,
+        ("capacity",),
+    ),
+)
+"""A tier's occupancy, one series per tier that knows it: a tier whose store is bounded by something
+else (a Redis server's ``maxmemory``) exports none, rather than NaN, which would spread through
+every sum and ratio that meets it."""
+
+
+def occupied_tiers(tiers: Mapping[str, TierLike]) -> dict[str, TierLike]:
+    """The tiers, by name, that export :data:`TIER_OCCUPANCY`: those whose ``occupancy()`` answers
+    (asked once: a tier knows it always or never)."""
+    return {name: tier for name, tier in tiers.items() if tier.occupancy() is not None}
+
 
 def manager_definitions(policy_name: str) -> tuple[Definition, ...]:
     """What a manager with this policy exports: :data:`MANAGER`, then its policy's state, if any."""
@@ -339,5 +373,7 @@ def manager_definitions(policy_name: str) -> tuple[Definition, ...]:
 def definition_of(source: Source, field: str) -> Definition:
     """The manager's, transfers' or tiers' metric that reads ``field`` of ``source``."""
     return next(
-        d for d in (*MANAGER, *TRANSFERS, *TIER) if d.source is source and field in d.fields
+        d
+        for d in (*MANAGER, *TRANSFERS, *TIER, *TIER_OCCUPANCY)
+        if d.source is source and field in d.fields
     )

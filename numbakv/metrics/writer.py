@@ -15,12 +15,14 @@ from numbakv.metrics.definitions import (
     DIRECTIONS,
     DURATION_BUCKETS_SECONDS,
     TIER,
+    TIER_OCCUPANCY,
     TRANSFERS,
     Definition,
     ManagerLike,
     Source,
     TierLike,
     manager_definitions,
+    occupied_tiers,
 )
 from numbakv.metrics.recording import TransferRecorder, TransferTotals
 
@@ -76,15 +78,20 @@ class MultiprocessWriter:
                 histogram = definition.type == "histogram"
                 last = read(_NO_JOBS) if histogram else 0
                 self._transfer_series[direction].append([child, read, histogram, last])
-        # Each tier's: (its counters, [[child, reader, type, value last written], ...]).
-        self._tier_series: list[tuple[TierLike, list[list]]] = []
+        # Each tier's sources: (what reads it, [[child, reader, type, value last written], ...]):
+        # its counters, and its occupancy where it knows it (a child is created only then: in
+        # the directory, creating one writes a 0).
+        self._tier_series: list[tuple[Callable[[], Any], list[list]]] = []
+        tiers = tiers or {}
+        occupied = occupied_tiers(tiers)
         tier_series = _series(TIER) if tiers else []
-        for name, tier in (tiers or {}).items():
-            rows = []
-            for definition, metric, extra, read in tier_series:
-                child = metric.labels(name, instance, *extra)
-                rows.append([child, read, definition.type, _NO_TIER_VALUE[definition.type]])
-            self._tier_series.append((tier, rows))
+        occupancy_series = _series(TIER_OCCUPANCY) if occupied else []
+        for name, tier in tiers.items():
+            self._tier_series.append(
+                (lambda t=tier: t.counters, _rows(tier_series, name, instance))
+            )
+            if name in occupied:
+                self._tier_series.append((tier.occupancy, _rows(occupancy_series, name, instance)))
 
     def sync(self) -> None:
         """Write the deltas since the last call; a few microseconds per changed value."""
@@ -135,11 +142,11 @@ class MultiprocessWriter:
 
     def _sync_tiers(self) -> None:
         """Counters and histograms increased by what they moved, gauges set when they changed."""
-        for tier, rows in self._tier_series:
-            counters = tier.counters
+        for source, rows in self._tier_series:
+            values = source()
             for row in rows:
                 child, read, kind, last = row
-                value = read(counters)
+                value = read(values)
                 if kind == "histogram":
                     value = counts, seconds = list(value[0]), value[1]
                     if counts == last[0]:
@@ -162,6 +169,19 @@ _NO_TIER_VALUE = {
     "histogram": ([0] * (len(DURATION_BUCKETS_SECONDS) + 1), 0.0),
 }
 """What a tier's series starts from, by type: a gauge is written at the first sync."""
+
+
+def _rows(series: list, name: str, instance: str) -> list[list]:
+    """One tier's rows of ``series``: [child, reader, type, value last written]."""
+    return [
+        [
+            metric.labels(name, instance, *extra),
+            read,
+            definition.type,
+            _NO_TIER_VALUE[definition.type],
+        ]
+        for definition, metric, extra, read in series
+    ]
 
 
 def _series(

@@ -4,7 +4,7 @@ the host pool, checked before they are loaded.
 `ChunkTier` (tier.py) is the same for every store; a `ChunkBackend` (backend.py) is one store.
 """
 
-from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy, StoredValue
 from numbakv.tiers.chunk_format import CorruptChunk
 from numbakv.tiers.namespace import Namespace
 from numbakv.tiers.tier import ChunkTier, TierCounters, TierLookup
@@ -15,6 +15,7 @@ __all__ = [
     "ChunkTier",
     "CorruptChunk",
     "Namespace",
+    "Occupancy",
     "StoredValue",
     "TierCounters",
     "TierLookup",

@@ -24,6 +24,13 @@ class StoredValue(NamedTuple):
     payload_bytes: int
 
 
+class Occupancy(NamedTuple):
+    """How many chunks a store holds now, and the most it may hold."""
+
+    used: int
+    capacity: int
+
+
 class ChunkBackend(ABC):
     """Stores values (a header, then a payload) under byte-string keys, in batches."""
 
@@ -56,6 +63,12 @@ class ChunkBackend(ABC):
     def touch(self, keys: Sequence[bytes]) -> None:
         """Mark the keys as used now, the first as the most recent, for a store that evicts by
         its own policy (the disk tier); in memory only, never I/O. Others ignore it."""
+
+    def occupancy(self) -> Occupancy | None:
+        """The chunks the store holds and may hold, where the backend bounds it itself (the disk
+        tier's index); None where something else does (a Redis server's ``maxmemory``, in bytes,
+        shared with other writers). A backend answers None always or never; in memory, never I/O."""
+        return None
 
     def close(self) -> None:
         """Release connections, files and threads."""

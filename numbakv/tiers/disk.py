@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from numbakv.manager import CPUOffloadingManager
-from numbakv.tiers.backend import ChunkBackend, StoredValue
+from numbakv.tiers.backend import ChunkBackend, Occupancy, StoredValue
 from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, parse_header
 from numbakv.tiers.namespace import Namespace
 
@@ -94,6 +94,9 @@ class DiskBackend(ChunkBackend):
     def used_files(self) -> int:
         """How many chunk files the index holds (written, or being written)."""
         return self._index.stats().used
+
+    def occupancy(self) -> Occupancy:
+        return Occupancy(self.used_files(), self.capacity_files)
 
     # --- the ChunkBackend contract ---
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS
-from numbakv.tiers.backend import BackendUnavailable, ChunkBackend
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy
 from numbakv.tiers.breaker import CircuitBreaker
 from numbakv.tiers.chunk_format import (
     HEADER_BYTES,
@@ -185,6 +185,11 @@ class ChunkTier:
     def breaker_open(self) -> bool:
         """Whether the tier has stopped calling its store, found unreachable."""
         return self._breaker.is_open
+
+    def occupancy(self) -> Occupancy | None:
+        """The chunks the store holds and may hold, where its backend knows them; read by the
+        metrics when they export."""
+        return self.backend.occupancy()
 
     def lookup(self, keys: Sequence[bytes]) -> TierLookup:
         """Start a batched lookup, answered off the caller's thread within the tier's deadline."""
