@@ -97,8 +97,9 @@ def test_the_demo_s_second_engine_finds_what_the_first_stored_in_a_directory(tmp
     first, second = run_engines(config)
     assert first.mismatched == second.mismatched == 0
     assert first.tier_hits_from_others == first.tier_flush_failed == 0
-    if tiering == "demote":  # host memory, full, is handed down when the first engine finishes
-        assert first.tier_flushed == SMALL.host_blocks
+    if tiering == "demote":  # host memory, full, is handed down when the first engine finishes,
+        # but for the blocks promoted back from the tier, which it holds already
+        assert SMALL.host_blocks - first.tier_hits <= first.tier_flushed <= SMALL.host_blocks
     else:
         assert first.tier_stored == first.computed and first.tier_flushed == 0
     assert second.computed == 0 and second.first_requests_tier_hits > 0  # all it needed
