@@ -56,9 +56,6 @@ class NumbaKVDiskTier(ChunkTierManager):
             track_removals=removal_events,
         )
 
-    def capacity_chunks(self) -> int:
-        return self.tier.backend.capacity_files
-
     def take_events(self) -> Iterable[OffloadingEvent]:
         """Chunks stored, then chunk files the disk index removed (evicted, damaged, gone)."""
         yield from super().take_events()

@@ -23,9 +23,10 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS, CPUOffloadingInfo
 from numbakv.integrations.vllm.config import Settings, host_chunks
+from numbakv.integrations.vllm.process_metrics import start_process_metrics
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
 from numbakv.manager import CPUOffloadingManager
-from numbakv.metrics import OffloadMetrics, metrics_enabled, multiprocess_mode
+from numbakv.metrics import OffloadMetrics
 from numbakv.simulator import simulate_without_gpu
 
 logger = init_logger("vllm.numbakv")  # under vLLM's logger: its handler, format and level
@@ -77,7 +78,9 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 self.num_chunks,
                 tokens_per_block * self.blocks_per_chunk,
                 self.kv_events_config.enable_kv_cache_events,
-                lambda manager: self._metrics(manager, "scheduler"),
+                lambda manager: start_process_metrics(
+                    self.config.parallel, "scheduler", manager=manager
+                ),
                 self._config_info(),
             )
             logger.info(
@@ -109,27 +112,9 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 self.settings,
                 on_simulator,
                 self.num_chunks * self.blocks_per_chunk * self.config.worker_kv_bytes_per_block,
-                self._metrics(None, f"worker{self.config.parallel.rank}"),
+                start_process_metrics(self.config.parallel, f"worker{self.config.parallel.rank}"),
             )
         return self._worker
-
-    def _metrics(self, manager: CPUOffloadingManager | None, role: str) -> OffloadMetrics | None:
-        """This process's numbakv metrics, written to PROMETHEUS_MULTIPROC_DIR once a second."""
-        if not metrics_enabled():
-            return None
-        if not multiprocess_mode():
-            logger.info(
-                "numbakv: metrics are not exported; set PROMETHEUS_MULTIPROC_DIR to a directory "
-                "for numbakv-sidecar to read (docs/VLLM.md)"
-            )
-            return None
-        parallel = self.config.parallel
-        prefix = (
-            f"vllm-dp{parallel.data_parallel_index}" if parallel.data_parallel_size > 1 else "vllm"
-        )
-        metrics = OffloadMetrics(manager, instance=f"{prefix}-{role}", registry=None)
-        metrics.start_sync_thread(1.0)
-        return metrics
 
 
 def build_scheduler_manager(

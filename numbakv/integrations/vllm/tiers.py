@@ -37,8 +37,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager, LookupPhase
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from numbakv.integrations.vllm.process_metrics import start_process_metrics
 from numbakv.jobs import Direction
-from numbakv.metrics import OffloadMetrics, metrics_enabled, multiprocess_mode
 from numbakv.tiers import ChunkBackend, ChunkTier, Namespace
 from numbakv.tiers.tier import (
     DEFAULT_BREAKER_COOLDOWN_S,
@@ -152,7 +152,10 @@ class ChunkTierManager(SecondaryTierManager):
                 lookup_deadline_s=lookup_deadline_s,
                 breaker_cooldown_s=breaker_cooldown_s,
             )
-            self._metrics = self._numbakv_metrics(offloading_spec)
+            # numbakv's tier metrics for numbakv-sidecar (vLLM's tiering metrics count it either way).
+            self._metrics = start_process_metrics(
+                offloading_spec.config.parallel, "scheduler", tiers={self.tier_type: self.tier}
+            )
         except BaseException:
             (backend if tier is None else tier).close()
             raise
@@ -184,16 +187,12 @@ class ChunkTierManager(SecondaryTierManager):
 
     def config_info(self) -> dict[str, str | int]:
         """What the tier's chunks are and how many it may hold ("None" where the store decides)."""
-        capacity = self.capacity_chunks()
+        occupancy = self.tier.occupancy()
         return {
             "numbakv_namespace": self.namespace.digest.hex(),
             "numbakv_chunk_bytes": self.tier.chunk_bytes,
-            "numbakv_capacity_chunks": "None" if capacity is None else capacity,
+            "numbakv_capacity_chunks": "None" if occupancy is None else occupancy.capacity,
         }
-
-    def capacity_chunks(self) -> int | None:
-        """How many chunks the tier holds at most; None where the store itself bounds it."""
-        return None
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -267,21 +266,6 @@ class ChunkTierManager(SecondaryTierManager):
         self.tier.close()
         if self._metrics is not None:
             self._metrics.close()
-
-    def _numbakv_metrics(self, offloading_spec: OffloadingSpec) -> OffloadMetrics | None:
-        """numbakv's tier metrics for numbakv-sidecar, written to PROMETHEUS_MULTIPROC_DIR once a
-        second (vLLM's own tiering metrics count the tier either way)."""
-        if not (metrics_enabled() and multiprocess_mode()):
-            return None
-        parallel = offloading_spec.config.parallel
-        prefix = (
-            f"vllm-dp{parallel.data_parallel_index}" if parallel.data_parallel_size > 1 else "vllm"
-        )
-        metrics = OffloadMetrics(
-            instance=f"{prefix}-scheduler", registry=None, tiers={self.tier_type: self.tier}
-        )
-        metrics.start_sync_thread(1.0)
-        return metrics
 
     @classmethod
     def build_metric_definitions(
