@@ -29,7 +29,7 @@ def test_one_fleet_is_one_json_document_with_hits_per_tier(trace, capsys):
     )
     assert run["hits"] == expected.hits and run["shared_other_hits"] == expected.shared_other_hits
     tiers = ("host_hits", "disk_hits", "shared_own_hits", "shared_other_hits", "misses")
-    assert sum(run[tier] for tier in tiers) == run["references"]
+    assert sum(run[tier] for tier in tiers) == sum(map(len, read_hash_chains(trace)))
     assert (run["engines"], run["tiering"], run["interrupted"]) == (3, "demote", False)
     assert "another engine's write" in err and "3 engines routed by round-robin" in err
 
@@ -53,12 +53,25 @@ def test_a_lower_tier_alone_makes_a_fleet_of_one(trace, capsys):
     assert "1 engine routed by session" in out and "own disk" in out
 
 
-def test_the_plot_has_a_line_per_lower_tier_setting(trace, tmp_path, capsys):
+def test_the_plot_has_a_line_per_lower_tier_setting(trace, tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    drawn, save = [], Figure.savefig
+
+    def savefig(figure, *args, **kwargs):
+        drawn.extend((line.get_label(), len(line.get_xdata())) for line in figure.axes[0].lines)
+        return save(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
     png = tmp_path / "fleet.png"
     argv = [trace, "--engines", "2", "--capacity", "50,100", "--shared-capacity", "0,400"]
     assert main([*argv, "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == [  # one line per shared setting, a point per host capacity
+        ("lru, disk none, shared none", 2),
+        ("lru, disk none, shared 400, demote", 2),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -75,12 +75,14 @@ def output_file(text: str) -> str:
     return text
 
 
+def install_hint(extra: str) -> str:
+    """How to install an extra: numbakv is installed from its repository, not the package index."""
+    return f"pip install -e '.[{extra}]' in numbakv's repository"
+
+
 def missing_extra(prog: str, feature: str, extra: str) -> NoReturn:
     """Exit with one line naming the pip command that installs what `feature` needs."""
-    sys.stderr.write(
-        f"{prog}: error: {feature} needs the '{extra}' extra: "
-        f"pip install -e '.[{extra}]' in numbakv's repository\n"
-    )
+    sys.stderr.write(f"{prog}: error: {feature} needs the '{extra}' extra: {install_hint(extra)}\n")
     raise SystemExit(MISSING_EXTRA)
 
 
@@ -108,3 +110,8 @@ def print_hit_ratio(result: ReplayResult | FleetResult, requests: int, out: Text
         f"({result.hits:,} of {result.references:,} block references{partial})",
         file=out,
     )
+
+
+def comma_list(text: str) -> list[str]:
+    """The items of a comma-separated option, stripped, each once, in their order."""
+    return list(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))

@@ -9,6 +9,7 @@ import importlib.util
 import numpy as np
 
 from numbakv.tiers import ChunkTier, Namespace
+from numbakv.tools.cli import install_hint
 
 DIR_PREFIX = "dir:"
 REDIS_SCHEMES = ("redis://", "rediss://")
@@ -29,9 +30,7 @@ def tier_spec_error(spec: str) -> str | None:
         return None if spec[len(DIR_PREFIX) :] else "dir: followed by a directory"
     if spec.startswith(REDIS_SCHEMES):
         if importlib.util.find_spec("redis") is None:
-            return (
-                "a redis:// tier, with the 'redis' extra installed (pip install 'numbakv[redis]')"
-            )
+            return f"a redis:// tier, with the 'redis' extra installed ({install_hint('redis')})"
         return None
     return "dir:PATH or redis://HOST:PORT/DB"
 

@@ -17,7 +17,14 @@ from typing import TextIO
 
 from numbakv.policies import resolve_policy
 from numbakv.tools.belady import BELADY
-from numbakv.tools.cli import Parser, interrupted, positive_int, print_hit_ratio, print_json
+from numbakv.tools.cli import (
+    Parser,
+    comma_list,
+    interrupted,
+    positive_int,
+    print_hit_ratio,
+    print_json,
+)
 from numbakv.tools.fleet import TIERINGS, FleetConfig, FleetInterrupted, FleetResult, fleet_grid
 from numbakv.tools.fleet_planning import (
     NONE,
@@ -103,7 +110,7 @@ def check_fleet(
             resolve_policy(args.lower_policy)
         except (ValueError, TypeError):
             parser.bad("--lower-policy", args.lower_policy, "a policy --policy accepts")
-    tierings = _names(args.tiering)
+    tierings = comma_list(args.tiering)
     for tiering in tierings or [args.tiering]:
         if tiering not in TIERINGS:
             parser.bad("--tiering", tiering, f"one or more of {', '.join(TIERINGS)}")
@@ -141,15 +148,11 @@ def check_fleet(
     return FleetPlan(configs, sizes)
 
 
-def _names(text: str) -> list[str]:
-    return list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-
-
 def _lower_capacities(
     parser: Parser, flag: str, text: str, block_bytes: int | None
 ) -> list[Capacity]:
     capacities: dict[int, Capacity] = {}
-    for item in _names(text) or [text]:
+    for item in comma_list(text) or [text]:
         if item.lower() in _NO_TIER:
             capacities.setdefault(0, NONE)
             continue

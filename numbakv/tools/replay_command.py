@@ -26,6 +26,7 @@ from numbakv.policies import POLICIES, resolve_policy
 from numbakv.tools.belady import BELADY
 from numbakv.tools.cli import (
     Parser,
+    comma_list,
     interrupted,
     missing_extra,
     output_file,
@@ -128,10 +129,6 @@ def _block_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _names(text: str) -> list[str]:
-    return list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-
-
 @dataclass(frozen=True)
 class _Plan:
     """What the arguments ask for, every one checked."""
@@ -142,7 +139,7 @@ class _Plan:
 
 
 def _check(parser: Parser, args: argparse.Namespace) -> _Plan:
-    policies = _names(args.policy)
+    policies = comma_list(args.policy)
     if not policies:
         parser.bad("--policy", args.policy, f"one or more of {_policy_names()}")
     for policy in policies:
@@ -155,7 +152,7 @@ def _check(parser: Parser, args: argparse.Namespace) -> _Plan:
                 parser.error(f"argument --policy: {error}")
             parser.bad("--policy", policy, f"one of {_policy_names()}, or module:Class")
     capacities: dict[int, Capacity] = {}
-    for text in _names(args.capacity) or [args.capacity]:
+    for text in comma_list(args.capacity) or [args.capacity]:
         try:
             capacity = parse_capacity(text, args.block_bytes)
         except ValueError as error:
