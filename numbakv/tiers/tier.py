@@ -157,7 +157,7 @@ class ChunkTier:
         self.namespace = namespace
         self.writer_id = writer_id
         self.lookup_deadline_s = lookup_deadline_s
-        self.counters = TierCounters()
+        self._counters = TierCounters()
         self._pool = host_pool
         self._namespace_digest = namespace.digest
         self._on_job_done = on_job_done
@@ -171,6 +171,13 @@ class ChunkTier:
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
         self._io_threads = ThreadPoolExecutor(io_threads, thread_name_prefix="numbakv-tier-io")
         logger.info("numbakv tier over %s: %s", type(backend).__name__, namespace.describe())
+
+    @property
+    def counters(self) -> TierCounters:
+        """The running totals, the breaker's state as of now among them."""
+        self._counters.breaker_opens = self._breaker.opened
+        self._counters.breaker_open = int(self._breaker.is_open)
+        return self._counters
 
     @property
     def chunk_bytes(self) -> int:
@@ -274,7 +281,7 @@ class ChunkTier:
 
     def _count_late(self) -> None:
         with self._lock:
-            self.counters.late_lookups += 1
+            self._counters.late_lookups += 1
 
     def _run(
         self, work, direction: Direction, job_id: Hashable, keys: list[bytes], rows: np.ndarray
@@ -294,20 +301,16 @@ class ChunkTier:
         is unreachable (counted)."""
         if not self._breaker.allow():
             with self._lock:
-                self.counters.unavailable += 1
+                self._counters.unavailable += 1
             raise BackendUnavailable("breaker open")
         try:
             result = method(*args)
         except BackendUnavailable as error:
             self._breaker.failed(error)
             with self._lock:
-                self.counters.unavailable += 1
-                self.counters.breaker_opens = self._breaker.opened
-                self.counters.breaker_open = int(self._breaker.is_open)
+                self._counters.unavailable += 1
             raise
         self._breaker.succeeded()
-        with self._lock:  # read under the lock: a failure elsewhere meanwhile is not overwritten
-            self.counters.breaker_open = int(self._breaker.is_open)
         return result
 
     def _lookup(self, keys: list[bytes]) -> list[bool]:
@@ -315,9 +318,9 @@ class ChunkTier:
         found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
         with self._lock:
             found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
-            self.counters.lookups += len(keys)
-            self.counters.lookup_hits += sum(found)
-            self.counters.lookup_latency.observe(time.perf_counter() - start)
+            self._counters.lookups += len(keys)
+            self._counters.lookup_hits += sum(found)
+            self._counters.lookup_latency.observe(time.perf_counter() - start)
         return found
 
     def _ask_backend(self, method, failed_answer, *args):
@@ -353,9 +356,9 @@ class ChunkTier:
         with self._lock:
             for key in stored:
                 self._unloadable.pop(key, None)
-            self.counters.stored += len(stored)
-            self.counters.stored_bytes += len(stored) * self.chunk_bytes
-            self.counters.dropped_stores += len(keys) - len(stored)
+            self._counters.stored += len(stored)
+            self._counters.stored_bytes += len(stored) * self.chunk_bytes
+            self._counters.dropped_stores += len(keys) - len(stored)
         return tuple(key for key, ok in zip(keys, written) if not ok)
 
     def _load(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
@@ -388,10 +391,10 @@ class ChunkTier:
             self._unloadable.update(dict.fromkeys(failed))
             while len(self._unloadable) > UNLOADABLE_LIMIT:
                 self._unloadable.popitem(last=False)
-            self.counters.integrity_failures += len(corrupt)
-            self.counters.loaded_own += own
-            self.counters.loaded_other += other
-            self.counters.loaded_bytes += (own + other) * self.chunk_bytes
+            self._counters.integrity_failures += len(corrupt)
+            self._counters.loaded_own += own
+            self._counters.loaded_other += other
+            self._counters.loaded_bytes += (own + other) * self.chunk_bytes
         return tuple(failed)
 
     def _report(
@@ -400,9 +403,9 @@ class ChunkTier:
         moved = len(keys) - len(failed)
         seconds = time.perf_counter() - start
         latency = (
-            self.counters.load_latency
+            self._counters.load_latency
             if direction is Direction.LOAD
-            else self.counters.store_latency
+            else self._counters.store_latency
         )
         with self._lock:
             latency.observe(seconds)
