@@ -39,12 +39,12 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from numbakv.integrations.vllm.process_metrics import start_process_metrics
 from numbakv.jobs import Direction
+from numbakv.metrics.definitions import Definition, Source, definition_of
 from numbakv.tiers import ChunkBackend, ChunkTier, Namespace
 from numbakv.tiers.tier import (
     DEFAULT_BREAKER_COOLDOWN_S,
     DEFAULT_IO_THREADS,
     DEFAULT_LOOKUP_DEADLINE_S,
-    TierCounters,
 )
 
 if TYPE_CHECKING:
@@ -54,30 +54,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger("numbakv.tiers")
 
 # numbakv's own figures of a tier, beside vLLM's tiering metrics (which count its lookups, hits,
-# bytes and times like any tier's): name -> (help, extra label, its (TierCounters field, value)s).
-TIER_COUNTERS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
-    "numbakv:tier_loaded_chunks": (
-        "Chunks a numbakv tier loaded, by whose write: this engine's (own) or another's.",
-        "writer",
-        (("loaded_own", "own"), ("loaded_other", "other")),
-    ),
-    "numbakv:tier_dropped_stores": (
-        "Chunks a numbakv tier did not store: refused by the store (full) or unreachable.",
-        "",
-        (("dropped_stores", ""),),
-    ),
-    "numbakv:tier_integrity_failures": (
-        "Stored chunks whose header or checksum did not match: deleted, never loaded.",
-        "",
-        (("integrity_failures", ""),),
-    ),
-    "numbakv:tier_late_lookups": (
-        "Batched lookups answered as misses at the tier's deadline.",
-        "",
-        (("late_lookups", ""),),
-    ),
-}
-BREAKER_GAUGE = "numbakv:tier_breaker_open"
+# bytes and times like any tier's): these of numbakv's tier metrics, under vLLM's `numbakv:` names.
+VLLM_TIER_METRICS = tuple(
+    definition_of(Source.TIER, field)
+    for field in (
+        "loaded_own",
+        "dropped_stores",
+        "integrity_failures",
+        "late_lookups",
+        "breaker_open",
+    )
+)
+
+
+def vllm_name(definition: Definition) -> str:
+    return definition.name.replace("numbakv_", "numbakv:", 1)
 
 
 class _Lookups(AsyncLookupManager):
@@ -162,7 +153,7 @@ class ChunkTierManager(SecondaryTierManager):
         self._lookups = _Lookups(self.tier, tier_type)
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
         self._events: list[OffloadingEvent] | None = [] if emit else None
-        self._reported = TierCounters()  # what get_stats has reported so far
+        self._reported: dict[tuple[str, tuple[str, ...]], int] = {}  # what get_stats reported
 
     @classmethod
     @abstractmethod
@@ -271,30 +262,32 @@ class ChunkTierManager(SecondaryTierManager):
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
-        definitions: dict[str, OffloadingMetricMetadata] = {
-            name: OffloadingCounterMetadata(
-                documentation=help, labelnames=("tier", label) if label else ("tier",)
+        definitions: dict[str, OffloadingMetricMetadata] = {}
+        for definition in VLLM_TIER_METRICS:
+            kind = (
+                OffloadingCounterMetadata
+                if definition.type == "counter"
+                else OffloadingGaugeMetadata
             )
-            for name, (help, label, _) in TIER_COUNTERS.items()
-        }
-        definitions[BREAKER_GAUGE] = OffloadingGaugeMetadata(
-            documentation="1 while a numbakv tier has stopped calling its store, found unreachable.",
-            labelnames=("tier",),
-        )
+            definitions[vllm_name(definition)] = kind(
+                documentation=definition.help,
+                labelnames=("tier", definition.label) if definition.label else ("tier",),
+            )
         return definitions
 
     def get_stats(self) -> OffloadingConnectorStats:
         """numbakv's counters since the last call, and the breaker's state."""
         stats = OffloadingConnectorStats()
         counters = self.tier.counters
-        for name, (_, _, fields) in TIER_COUNTERS.items():
-            for field, label in fields:
-                delta = getattr(counters, field) - getattr(self._reported, field)
-                if delta:
-                    labels = (self.tier_type, label) if label else (self.tier_type,)
+        for definition in VLLM_TIER_METRICS:
+            name = vllm_name(definition)
+            for extra, read in definition.series():
+                value, labels = read(counters), (self.tier_type, *extra)
+                if definition.type == "gauge":
+                    stats.set_gauge(name, value, labels)
+                elif delta := value - self._reported.get((name, extra), 0):
                     stats.increase_counter(name, delta, labels)
-                    setattr(self._reported, field, getattr(counters, field))
-        stats.set_gauge(BREAKER_GAUGE, int(self.tier.breaker_open), (self.tier_type,))
+                    self._reported[(name, extra)] = value
         return stats
 
 
