@@ -5,12 +5,14 @@ the data path is written once. On a GPU an array is described by its `__cuda_arr
 a raw address becomes a `DeviceNDArray` without copying, and the per-job work of `submit` (event
 records, the id upload, the launch) goes straight to the driver with arguments prepared once. On
 the simulator "device" memory is NumPy memory and execution is synchronous: the same address
-becomes a NumPy view wrapped as a simulated device array, and ordering calls have nothing to do.
+becomes a NumPy view wrapped as a simulated device array, ordering calls have nothing to do, and
+a batch of block copies is a loop of memmoves over the same addresses.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 import warnings
 from typing import Any
 
@@ -153,6 +155,19 @@ def event_done(event: Any) -> bool:
     return True if ON_SIMULATOR else bool(event.query())
 
 
+def synchronize(event: Any, spin_seconds: float) -> None:
+    """Wait until all work before `event`'s last record has finished: poll it for up to
+    `spin_seconds` (a short job is seen done as soon as a polling engine would see it), then sleep
+    in the driver (a blocking-sync event wakes the thread when the GPU gets there)."""
+    if ON_SIMULATOR:
+        return
+    deadline = time.perf_counter() + spin_seconds
+    while time.perf_counter() < deadline:
+        if event.query():
+            return
+    event.synchronize()
+
+
 def device_address(array: Any) -> int:
     """The address of a Numba device or pinned array's first byte (0 on the simulator)."""
     if ON_SIMULATOR:
@@ -176,29 +191,34 @@ def upload(
 
 
 class Launcher:
-    """One kernel with fixed arguments except a job's pair count, launched on one stream.
+    """One kernel with fixed arguments except a few scalars set per launch, on one stream.
 
     Numba's launch path rebuilds about 30 kernel parameters from Python objects on every call.
     Here Numba prepares them once (its own `_prepare_args`, so they match its lowering exactly),
-    they are packed into a parameter block, and a launch rewrites only the count before one
-    `cuLaunchKernel`. That leans on numba-cuda internals: where they differ from what this was
-    written against (0.30), it warns once and launches through Numba's own path, slower but right.
-    The simulator always takes Numba's path.
+    they are packed into a parameter block, and a launch rewrites only the scalars at
+    `variable_positions` (in that order) before one `cuLaunchKernel`. That leans on numba-cuda
+    internals: where they differ from what this was written against (0.30), it warns once and
+    launches through Numba's own path, slower but right. The simulator always takes Numba's path.
     """
 
     def __init__(
-        self, kernel: Any, args: tuple, count_position: int, threads_per_block: int, stream: Any
+        self,
+        kernel: Any,
+        args: tuple,
+        variable_positions: tuple[int, ...],
+        threads_per_block: int,
+        stream: Any,
     ) -> None:
         self._kernel = kernel
         self._stream = stream
         self._threads = threads_per_block
         self._args = list(args)  # also keeps every argument's memory alive
-        self._count_position = count_position
+        self._variable_positions = variable_positions
         self._function = None  # set when the driver launch is prepared
         if ON_SIMULATOR:
             return
         try:
-            self._prepare_driver_launch(kernel, args, count_position)
+            self._prepare_driver_launch(kernel, args, variable_positions)
         except (AttributeError, TypeError, ValueError, NotImplementedError, StopIteration) as error:
             warnings.warn(
                 "numbakv: this numba-cuda's kernel internals differ from what the fast launch "
@@ -208,13 +228,17 @@ class Launcher:
                 stacklevel=2,
             )
 
-    def _prepare_driver_launch(self, kernel: Any, args: tuple, count_position: int) -> None:
+    def _prepare_driver_launch(
+        self, kernel: Any, args: tuple, variable_positions: tuple[int, ...]
+    ) -> None:
         compiled = next(iter(kernel.overloads.values()))
         values: list = []
+        indices = {}
         for position, (numba_type, value) in enumerate(zip(compiled.argument_types, args)):
-            if position == count_position:
-                self._count_index = len(values)
+            if position in variable_positions:
+                indices[position] = len(values)
             compiled._prepare_args(numba_type, value, 0, [], values)
+        self._variable_indices = tuple(indices[position] for position in variable_positions)
         self._params = (ctypes.c_uint64 * len(values))(*map(_parameter_word, values))
         base = ctypes.addressof(self._params)
         self._pointers = (ctypes.c_void_p * len(values))(
@@ -232,12 +256,14 @@ class Launcher:
         """Whether launches skip Numba's per-call argument handling."""
         return self._function is not None
 
-    def __call__(self, grid: int, count: int) -> None:
+    def __call__(self, grid: int, *values: int) -> None:
         if self._function is None:
-            self._args[self._count_position] = count
+            for position, value in zip(self._variable_positions, values):
+                self._args[position] = value
             self._kernel[grid, self._threads, self._stream](*self._args)
             return
-        self._params[self._count_index] = count
+        for index, value in zip(self._variable_indices, values):
+            self._params[index] = value
         driver.cuLaunchKernel(
             self._function,
             grid,
@@ -261,3 +287,79 @@ def _parameter_word(value: Any) -> int:
             raise TypeError(f"unexpected {ctypes.sizeof(value)}-byte kernel parameter {value!r}")
         value = value.value
     return int(value) % 2**64
+
+
+# --- batched block copies (the staged path) -----------------------------------------------
+
+_BATCH_COPY_VERSION = 12080  # CUDA 12.8 introduced cuMemcpyBatchAsync
+
+
+def batch_copy_unsupported() -> str | None:
+    """Why one driver call cannot copy a batch of blocks here (None: it can)."""
+    if ON_SIMULATOR:
+        return None
+    version = int(driver.cuDriverGetVersion())
+    if version < _BATCH_COPY_VERSION:
+        return (
+            f"the CUDA driver supports CUDA {version // 1000}.{version % 1000 // 10}; batched "
+            "copies (cuMemcpyBatchAsync) need 12.8"
+        )
+    return None
+
+
+class BatchCopy:
+    """Copies of `count` byte ranges (`dsts[i]` <- `srcs[i]`, `sizes[i]` bytes) in one driver call,
+    queued on one stream: cuMemcpyBatchAsync, so the copy engines move them while the SMs are
+    free, and no Python runs per range. The address arrays are int64 arrays the caller keeps and
+    refills; the driver reads them during the call. On the simulator: a memmove per range.
+    """
+
+    def __init__(self, stream: Any, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray) -> None:
+        for array in (dsts, srcs, sizes):
+            if array.dtype != np.int64 or not array.flags.c_contiguous:
+                raise TypeError("batch copy addresses and sizes must be C-contiguous int64 arrays")
+        self._arrays = (dsts, srcs, sizes)
+        if ON_SIMULATOR:
+            return
+        self._stream_handle = int(stream.handle)
+        self._pointers = tuple(array.ctypes.data for array in self._arrays)
+        version = int(driver.cuDriverGetVersion())
+        abi = 13000 if version >= 13000 else _BATCH_COPY_VERSION  # 13.0 dropped `failIdx`
+        function, _status = driver.cuGetProcAddress(
+            b"cuMemcpyBatchAsync",
+            abi,
+            int(binding.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT),
+        )
+        if not int(function):
+            raise RuntimeError(f"the CUDA driver ({version}) has no cuMemcpyBatchAsync")
+        pointer, size = ctypes.c_void_p, ctypes.c_size_t
+        arguments = [pointer, pointer, pointer, size, pointer, pointer, size]
+        arguments += [pointer] if abi < 13000 else []
+        self._call = ctypes.CFUNCTYPE(ctypes.c_int, *arguments, pointer)(int(function))
+        # One set of attributes for every copy: in stream order, the copy engines preferred.
+        self._attributes = binding.CUmemcpyAttributes()
+        self._attributes.srcAccessOrder = (
+            binding.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        )
+        self._attributes.flags = int(
+            binding.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+        )
+        self._attribute_index = (ctypes.c_size_t * 1)(0)
+        self._failed_index = (ctypes.c_size_t * 1)(0)
+        self._tail = (
+            (self._attributes.getPtr(), ctypes.addressof(self._attribute_index), 1)
+            + ((ctypes.addressof(self._failed_index),) if abi < 13000 else ())
+            + (self._stream_handle,)
+        )
+
+    def __call__(self, count: int) -> None:
+        """Queue the first `count` copies of the arrays."""
+        if not count:
+            return
+        if ON_SIMULATOR:
+            for dst, src, size in zip(*(array[:count].tolist() for array in self._arrays)):
+                ctypes.memmove(dst, src, size)
+            return
+        result = self._call(*self._pointers, count, *self._tail)
+        if result:
+            raise CudaAPIError(result, f"Call to cuMemcpyBatchAsync results in CUresult {result}")

@@ -50,7 +50,11 @@ class HostPool:
         """The pool as a host-side `[num_blocks, block_bytes]` uint8 array (no copy)."""
         return np.asarray(getattr(self._mapped, "_ary", self._mapped)).view(np.ndarray)
 
+    @property
+    def address(self) -> int:
+        """Where the pool's first byte is, for the GPU and the copy engines (one address space)."""
+        return int(array_interface(self._mapped)["data"][0])
+
     def words(self, word: np.dtype) -> Any:
         """The pool as a flat kernel argument of `word`s (the device side of the same memory)."""
-        address = array_interface(self._mapped)["data"][0]
-        return word_view(address, self.nbytes, word, owner=self._mapped)
+        return word_view(self.address, self.nbytes, word, owner=self._mapped)

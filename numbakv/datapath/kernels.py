@@ -9,10 +9,13 @@ the number of thread blocks (and SMs) a job holds.
 
 Kernel arguments (all offsets in words):
     arena        the word view spanning every layer (KVLayout.arena)
-    host         the host pool as a flat word view (HostPool.words)
+    host         where the host blocks are: the host pool as a flat word view (HostPool.words), or
+                 a device staging buffer of whole host blocks (the staged path)
     segments     int64 offsets of block 0 of each segment in the arena
-    ids          int64 [gpu ids of the n pairs..., host ids of the n pairs...]
-    n            number of pairs
+    ids          int64 [gpu ids of the n pairs..., host block ids of the n pairs...]
+    n            number of pairs of the job
+    first        the first pair this launch moves
+    count        how many pairs from `first` it moves (a staged job moves a round at a time)
     block_stride words between consecutive GPU blocks of one segment
     chunk_words  words per segment per block
     piece_words  words per work item (the last piece of a chunk may be shorter)
@@ -61,8 +64,9 @@ def _copy_run(dst, dst_start, src, src_start, count, lane):
 
 
 @cuda.jit(device=True)
-def _item_range(item, segments, ids, n, block_stride, chunk_words, piece_words):
-    """Where work item `item` starts in the arena and the host pool, and how many words it has."""
+def _item_range(item, segments, ids, n, first, block_stride, chunk_words, piece_words):
+    """Where work item `item` (counted from pair `first`) starts in the arena and among the host
+    blocks, and how many words it has."""
     num_segments = segments.shape[0]
     pieces = (chunk_words + piece_words - 1) // piece_words
     per_pair = num_segments * pieces
@@ -70,36 +74,37 @@ def _item_range(item, segments, ids, n, block_stride, chunk_words, piece_words):
     rest = item - pair * per_pair
     segment = rest // pieces
     offset = (rest - segment * pieces) * piece_words
+    pair += first
     gpu_start = segments[segment] + ids[pair] * block_stride + offset
     host_start = (ids[n + pair] * num_segments + segment) * chunk_words + offset
     return gpu_start, host_start, min(piece_words, chunk_words - offset)
 
 
 @cuda.jit(device=True)
-def _num_items(segments, n, chunk_words, piece_words):
-    return n * segments.shape[0] * ((chunk_words + piece_words - 1) // piece_words)
+def _num_items(segments, count, chunk_words, piece_words):
+    return count * segments.shape[0] * ((chunk_words + piece_words - 1) // piece_words)
 
 
-def _gather(arena, host, segments, ids, n, block_stride, chunk_words, piece_words):
+def _gather(arena, host, segments, ids, n, first, count, block_stride, chunk_words, piece_words):
     lane = cuda.threadIdx.x % WARP_SIZE
     first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(first_warp, _num_items(segments, n, chunk_words, piece_words), num_warps):
-        gpu_start, host_start, count = _item_range(
-            item, segments, ids, n, block_stride, chunk_words, piece_words
+    for item in range(first_warp, _num_items(segments, count, chunk_words, piece_words), num_warps):
+        gpu_start, host_start, words = _item_range(
+            item, segments, ids, n, first, block_stride, chunk_words, piece_words
         )
-        _copy_run(host, host_start, arena, gpu_start, count, lane)
+        _copy_run(host, host_start, arena, gpu_start, words, lane)
 
 
-def _scatter(arena, host, segments, ids, n, block_stride, chunk_words, piece_words):
+def _scatter(arena, host, segments, ids, n, first, count, block_stride, chunk_words, piece_words):
     lane = cuda.threadIdx.x % WARP_SIZE
     first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(first_warp, _num_items(segments, n, chunk_words, piece_words), num_warps):
-        gpu_start, host_start, count = _item_range(
-            item, segments, ids, n, block_stride, chunk_words, piece_words
+    for item in range(first_warp, _num_items(segments, count, chunk_words, piece_words), num_warps):
+        gpu_start, host_start, words = _item_range(
+            item, segments, ids, n, first, block_stride, chunk_words, piece_words
         )
-        _copy_run(arena, gpu_start, host, host_start, count, lane)
+        _copy_run(arena, gpu_start, host, host_start, words, lane)
 
 
 _BODIES = {"gather": _gather, "scatter": _scatter}
@@ -110,7 +115,7 @@ def signature(word: np.dtype) -> Any:
     words = types.Array(from_dtype(np.dtype(word)), 1, "C")
     ids = types.Array(types.int64, 1, "C")
     scalar = types.int64
-    return types.void(words, words, ids, ids, scalar, scalar, scalar, scalar)
+    return types.void(words, words, ids, ids, *[scalar] * 6)
 
 
 def get_kernel(name: str, word: np.dtype) -> Any:

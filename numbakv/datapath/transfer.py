@@ -2,18 +2,21 @@
 
 One CUDA stream per direction, so a store (GPU -> host) and a load (host -> GPU) run at the same
 time on the full-duplex link. The streams never synchronise with the default stream: a job is
-ordered after the engine's compute only by the `wait_event` the caller gives. A job is one kernel
-launch whatever its number of blocks and layers; submitting costs a few vectorised NumPy checks
-(`numbakv.datapath.validation`) and four driver calls (two event records, the id upload, the
-launch). Completion is polled (`get_finished`) or awaited (`wait`, which sleeps rather than
-spins); every job is reported exactly once by `get_finished`, as a `numbakv.jobs.FinishedJob`.
-Not thread-safe: call it from the thread that owns the engine's GPU work.
+ordered after the engine's compute only by the `wait_event` the caller gives. Each direction takes
+one of two paths (`path`): zero-copy, one kernel launch that reads or writes the mapped host pool
+over the link, or staged (numbakv.datapath.staging), the same kernel into a device staging buffer
+and one batched copy by the copy engines. Either way submitting costs a few vectorised NumPy
+checks (`numbakv.datapath.validation`) and a few driver calls (two event records, the id upload,
+the launch, and a staged job's batched copy per round), whatever the blocks and layers.
+Completion is polled (`get_finished`) or awaited (`wait`, which polls briefly, then sleeps); every
+job is reported exactly once by `get_finished`, as a `numbakv.jobs.FinishedJob`. Not thread-safe:
+call it from the thread that owns the engine's GPU work.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -25,6 +28,7 @@ from numbakv.datapath import kernels
 from numbakv.datapath._device import (
     CudaAPIError,
     Launcher,
+    batch_copy_unsupported,
     current_device_id,
     device_address,
     event_done,
@@ -33,10 +37,12 @@ from numbakv.datapath._device import (
     new_stream,
     record,
     stream_wait,
+    synchronize,
     upload,
 )
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
+from numbakv.datapath.staging import Staging
 from numbakv.datapath.validation import IdCheck
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
@@ -51,6 +57,19 @@ DEFAULT_THREADS_PER_BLOCK = MappingProxyType({Direction.STORE: 128, Direction.LO
 a store's writes are posted, so 16 blocks of 128 threads reach the link's rate and slow the
 compute beside them 7 times less than 16 of 1024; a load's reads wait a round trip each, and
 need 16 of 1024 to keep enough of them in flight."""
+ZERO_COPY, STAGED = "zero_copy", "staged"
+PATHS = (ZERO_COPY, STAGED)
+DEFAULT_PATHS = MappingProxyType({Direction.STORE: STAGED, Direction.LOAD: STAGED})
+"""Each direction's path by default (docs/DATAPATH.md, "Paths"): staged both ways, where the driver
+has batched copies (CUDA 12.8); zero-copy where it has not. Provisional until gpu_check's
+measurement of both paths on a GPU decides it per direction."""
+DEFAULT_STAGING_BYTES = 64 * 2**20
+"""Device memory for each staged direction's buffer: a job larger than it moves in rounds (each
+round's kernel waits for the copy before it, about 2 % of a round at HBM speed)."""
+WAIT_SPIN_SECONDS = 0.002
+"""How long `wait` polls before it sleeps: a per-step job is seen done as soon as polling would
+see it (a sleeping thread's wake-up cost a third of a per-step job's time on an H200), and a long
+job costs at most this much CPU."""
 
 
 class GPUFault(RuntimeError):
@@ -84,7 +103,8 @@ class _InFlight:
 
 
 class _Lane:
-    """One direction: its stream, launcher, device id buffer and a ring of job slots.
+    """One direction: its stream, launcher, device id buffer, a ring of job slots and, on the
+    staged path, its staging buffer.
 
     A job's destinations are unique, so it has at most `num_destinations` pairs: that sizes the
     id buffers once.
@@ -98,18 +118,24 @@ class _Lane:
         threads_per_block: int,
         num_destinations: int,
         max_jobs_in_flight: int,
+        stream: Any,
+        staging: Staging | None,
     ) -> None:
         self.direction = direction
         self.threads_per_block = threads_per_block
-        self.stream = new_stream()
-        self.stream_at = handle_of(self.stream)
+        self.stream = stream
+        self.stream_at = handle_of(stream)
         self.device_ids = cuda.device_array(2 * num_destinations, dtype=np.int64)
         self.device_ids_at = device_address(self.device_ids)
+        self.staging = staging
         arena, host, segments, block_stride, chunk_words, piece_words = kernel_args
+        if staging is not None:
+            host = staging.words  # the kernel reads or writes the buffer, not the pool
         self.launch = Launcher(
             kernel,
-            (arena, host, segments, self.device_ids, 0, block_stride, chunk_words, piece_words),
-            4,  # the pair count, set per launch
+            (arena, host, segments, self.device_ids, 0, 0, 0, block_stride)
+            + (chunk_words, piece_words),
+            (4, 5, 6),  # the job's pairs, the first pair and the pairs of this launch
             threads_per_block,
             self.stream,
         )
@@ -135,6 +161,8 @@ class TransferEngine:
         *,
         max_thread_blocks: int | None = DEFAULT_MAX_THREAD_BLOCKS,
         threads_per_block: int | None = None,
+        path: str | Mapping[Direction | str, str] | None = None,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         max_jobs_in_flight: int = 8,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
@@ -152,6 +180,13 @@ class TransferEngine:
             raise ValueError(f"max_thread_blocks must be positive or None, got {max_thread_blocks}")
         if max_jobs_in_flight <= 0:
             raise ValueError(f"max_jobs_in_flight must be positive, got {max_jobs_in_flight}")
+        if (
+            isinstance(staging_bytes, bool)
+            or not isinstance(staging_bytes, int)
+            or staging_bytes < 1
+        ):
+            raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
+        paths = _paths(path)
         _check_same_device(layout, host_pool)
         self.layout = layout
         self.host_pool = host_pool
@@ -162,6 +197,8 @@ class TransferEngine:
             else dict.fromkeys(Direction, threads_per_block)
         )
         """Threads of each thread block, per direction (one `threads_per_block` sets both)."""
+        self.path = paths
+        """Each direction's path, "zero_copy" or "staged" (one `path` sets both)."""
         self.on_job_done = on_job_done
 
         word = layout.word.itemsize
@@ -176,20 +213,34 @@ class TransferEngine:
             chunk_words,
             piece_words,
         )
-        self._lanes = {
-            direction: _Lane(
+        capacity = max(1, staging_bytes // layout.block_bytes)
+        self._lanes = {}
+        for direction, name, num_destinations in (
+            (Direction.STORE, "gather", host_pool.num_blocks),
+            (Direction.LOAD, "scatter", layout.num_blocks),
+        ):
+            stream = new_stream()
+            staging = None
+            if paths[direction] == STAGED:
+                staging = Staging(
+                    direction,
+                    stream,
+                    layout.block_bytes,
+                    min(capacity, num_destinations),
+                    host_pool.address,
+                    num_destinations,
+                    layout.word,
+                )
+            self._lanes[direction] = _Lane(
                 direction,
                 kernels.get_kernel(name, layout.word),
                 kernel_args,
                 self.threads_per_block[direction],
                 num_destinations,
                 max_jobs_in_flight,
+                stream,
+                staging,
             )
-            for direction, name, num_destinations in (
-                (Direction.STORE, "gather", host_pool.num_blocks),
-                (Direction.LOAD, "scatter", layout.num_blocks),
-            )
-        }
         self._event_type = type(self._lanes[Direction.STORE].dependency)
         self._stream_type = type(self._lanes[Direction.STORE].stream)
         self._host_ids = IdCheck(host_pool.num_blocks)
@@ -273,7 +324,9 @@ class TransferEngine:
         try:
             staged = slot.staged_ids
             staged[:count] = gpu_ids
-            staged[count : 2 * count] = host_ids
+            staged[count : 2 * count] = (
+                host_ids if lane.staging is None else lane.staging.positions[:count]
+            )
             if dependency is not None:
                 self._hold_back(lane, *dependency)
             record(slot.start_at, lane.stream_at)
@@ -286,12 +339,18 @@ class TransferEngine:
                     2 * count,
                     lane.stream_at,
                 )
+                staging = lane.staging
+                pairs = count if staging is None else min(count, staging.capacity)  # per launch
                 grid = kernels.grid_size(
-                    count * self._items_per_pair, lane.threads_per_block, self.max_thread_blocks
+                    pairs * self._items_per_pair, lane.threads_per_block, self.max_thread_blocks
                 )
-                lane.launch(grid, count)
+                if staging is None:
+                    lane.launch(grid, count, 0, count)
+                else:
+                    staging.queue(lane.launch, grid, host_ids, count)
             record(slot.end_at, lane.stream_at)
         except BaseException:
+            _settle(lane)  # what was queued ran to its end: nothing still reads the slot
             lane.free_slots.append(slot)  # nothing was queued for good: the slot is free again
             raise
         job = _InFlight(job_id, lane.direction, count * self.layout.block_bytes, slot)
@@ -387,7 +446,7 @@ class TransferEngine:
             slot = job.slot
             try:
                 if block_until is not None:  # jobs before it finish first: wait for each in turn
-                    slot.end.synchronize()
+                    synchronize(slot.end, WAIT_SPIN_SECONDS)
                 elif not event_done(slot.end):
                     return
                 seconds = max(slot.start.elapsed_time(slot.end), 0.0) / 1e3  # the simulator says -1
@@ -411,6 +470,39 @@ class TransferEngine:
     def _raise_if_faulted(self) -> None:
         if self._fault is not None:
             raise GPUFault(self._fault)
+
+
+def _paths(path: str | Mapping[Direction | str, str] | None) -> dict[Direction, str]:
+    """Each direction's path: the defaults, one path for both, or one per direction; staged only
+    where the driver can batch copies (asked for by name elsewhere, an error)."""
+    if path is None:
+        chosen = dict(DEFAULT_PATHS)
+    elif isinstance(path, str):
+        chosen = dict.fromkeys(Direction, path)
+    elif isinstance(path, Mapping) and set(path) == set(Direction):
+        chosen = {Direction(direction): value for direction, value in path.items()}
+    else:
+        raise ValueError(
+            f"path must be one of {PATHS} or a mapping of 'store' and 'load' to one, got {path!r}"
+        )
+    for value in chosen.values():
+        if value not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {value!r}")
+    unsupported = batch_copy_unsupported() if STAGED in chosen.values() else None
+    if unsupported is not None:
+        if path is not None:
+            raise ValueError(f"path 'staged' is not available here: {unsupported}")
+        chosen = dict.fromkeys(Direction, ZERO_COPY)
+    return chosen
+
+
+def _settle(lane: _Lane) -> None:
+    """Wait for what a failed submit queued, so that none of it reads a slot given back; a broken
+    context raises again where the caller's error is already on its way."""
+    try:
+        lane.stream.synchronize()
+    except CudaAPIError:
+        pass
 
 
 def _check_same_device(layout: KVLayout, host_pool: HostPool) -> None:
