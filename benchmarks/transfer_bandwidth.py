@@ -1,21 +1,24 @@
-"""Bandwidth of the gather/scatter kernels against the DMA ceiling and the ways a user would do it.
+"""Bandwidth of the data path's two paths against the DMA ceiling and the ways a user would do it.
 
 For each per-layer chunk size (the bytes one block occupies in one layer) it builds a KV cache of
 `layers` layers, a host pool, and jobs of about `job_mib` MiB of scattered blocks, then measures in
 one process, side by side:
-- gather (GPU -> host) and scatter (host -> GPU) GB/s for several caps on the thread blocks a job
-  may hold (16 is the engine's default; "all" is one warp per 4 KiB work item, uncapped);
-- a store and a load in flight together (default engine), total GB/s;
-- launch shapes (threads per block x thread blocks) at one chunk size: each direction and both
-  together, to choose the defaults by;
+- zero-copy gather (GPU -> host) and scatter (host -> GPU) GB/s for several caps on the thread
+  blocks a job may hold (16 is the engine's default; "all" is one warp per 4 KiB work item);
+- the staged path (kernel into a device staging buffer, one batched copy) each way, default cap;
+- a store and a load in flight together, total GB/s, on each path;
+- launch shapes (threads per block x thread blocks) of the zero-copy kernels at one chunk size;
 - peers: one cudaMemcpyAsync per block and layer issued from Python, and what a torch user writes
   instead (an index gather per layer into a GPU staging buffer, then one pinned copy; loads the
   other way round), when torch is installed;
-- the host time of one `submit`, for the whole job and for 16 blocks (and for 16 blocks with the
-  launch left out, which on the simulator is submit's Python alone).
-Then a per-step job (16 blocks, 32 layers, 16 KiB chunks), submit to completion as an engine that
-polls `get_finished` sees it, and through `wait`. The DMA ceiling is one large contiguous pinned
-copy in each direction, and one each way at once, in the same run. Prints a table and writes JSON.
+- the host time of one `submit` of the whole job and of 16 blocks (default engine).
+Then a per-step job (16 blocks, 32 layers, 16 KiB chunks) on each path: submit to completion as an
+engine that polls `get_finished` sees it, and through `wait`; and the host time of `submit`: hot
+(the previous job polled to its end, as an engine steps), right after the thread slept, and with
+the launch left out (on the simulator, submit's Python alone); then the median host time of each
+driver call a submit makes (event record, id upload, launch, batched copy). The DMA ceiling is one
+large contiguous pinned copy in each direction, and one each way at once, in the same run. Prints
+a table and writes JSON.
 
     python benchmarks/transfer_bandwidth.py                 # on a GPU: the full configuration
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/transfer_bandwidth.py --smoke   # a tiny check anywhere
@@ -46,8 +49,10 @@ from numbakv.datapath import (
     LayoutKind,
     TransferEngine,
 )
-from numbakv.datapath._device import ON_SIMULATOR
+from numbakv.datapath._device import ON_SIMULATOR, event_done, record, upload
 from numbakv.datapath.kernels import get_kernel
+from numbakv.datapath.transfer import PATHS, STAGED, ZERO_COPY
+from numbakv.jobs import Direction
 
 FULL = {
     "chunks": [2048, 4096, 16384, 65536, 262144],
@@ -55,15 +60,12 @@ FULL = {
     "job_mib": 1024,
     "thread_blocks": [8, 16, 32, 132, None],
     "threads_per_block": None,  # the engine's default, per direction
-    "launch_shapes": {
-        "chunk": 16384,
-        "shapes": [(128, 16), (128, 32), (256, 8), (256, 16), (256, 32), (512, 16), (1024, 8)]
-        + [(1024, 16)],
-    },
+    "launch_shapes": {"chunk": 16384, "shapes": [(128, 16), (256, 8), (256, 16), (1024, 16)]},
     "repeats": 5,
     "naive_copies": 4096,
     "submits": 50,
     "per_step": {"blocks": 16, "layers": 32, "chunk": 16384, "repeats": 100},
+    "driver_calls": 200,
 }
 SMOKE = {
     "chunks": [256, 1024],
@@ -76,6 +78,7 @@ SMOKE = {
     "naive_copies": 8,
     "submits": 3,
     "per_step": {"blocks": 2, "layers": 2, "chunk": 512, "repeats": 2},
+    "driver_calls": 3,
 }
 
 
@@ -164,13 +167,19 @@ class ChunkBench:
         self._next_job = 0
 
     def engine(
-        self, thread_blocks: int | None, seconds: list | None = None, threads: int | None = None
+        self,
+        thread_blocks: int | None,
+        seconds: list | None = None,
+        threads: int | None = None,
+        path: str | None = ZERO_COPY,
     ) -> TransferEngine:
+        """An engine on `path` (None: the engine's default paths)."""
         return TransferEngine(
             self.layout,
             self.pool,
             max_thread_blocks=thread_blocks,
             threads_per_block=threads or self.threads_per_block,
+            path=path,
             on_job_done=None if seconds is None else lambda job: seconds.append(job.seconds),
         )
 
@@ -179,11 +188,16 @@ class ChunkBench:
         return self._next_job
 
     def one_direction(
-        self, thread_blocks: int | None, direction: str, repeats: int, threads: int | None = None
+        self,
+        thread_blocks: int | None,
+        direction: str,
+        repeats: int,
+        threads: int | None = None,
+        path: str = ZERO_COPY,
     ) -> float:
         """GB/s of one job, from the engine's own events around it (median after a warm-up)."""
         seconds: list[float] = []
-        engine = self.engine(thread_blocks, seconds, threads)
+        engine = self.engine(thread_blocks, seconds, threads, path)
         for _ in range(repeats + 1):
             job = self.job_id()
             engine.submit(job, direction, self.gpu_ids[: self.blocks], self.host_ids[: self.blocks])
@@ -195,9 +209,10 @@ class ChunkBench:
         repeats: int,
         thread_blocks: int = DEFAULT_MAX_THREAD_BLOCKS,
         threads: int | None = None,
+        path: str = ZERO_COPY,
     ) -> float:
         """A store of one half and a load of the other half in flight together: total GB/s."""
-        engine = self.engine(thread_blocks, threads=threads)
+        engine = self.engine(thread_blocks, threads=threads, path=path)
         half = slice(self.blocks, 2 * self.blocks)
         walls = []
         for _ in range(repeats + 1):
@@ -211,36 +226,53 @@ class ChunkBench:
             walls.append(time.perf_counter() - started)
         return gbps(2 * self.job_bytes, statistics.median(walls[1:]))
 
-    def _submit_times(self, engine: TransferEngine, submits: int, blocks: int) -> list[float]:
-        """Host seconds of each of `submits` submits of `blocks` blocks, one job at a time."""
+    def _submit_times(
+        self, engine: TransferEngine, submits: int, blocks: int, before: str = "wait"
+    ) -> list[float]:
+        """Host seconds of each of `submits` submits of `blocks` blocks, one job at a time; the
+        job before each was seen to its end by `wait`, by polling, or by polling and a sleep of
+        the thread (`before`)."""
         times = []
         for _ in range(submits):
             job = self.job_id()
             started = time.perf_counter()
             engine.submit(job, "store", self.gpu_ids[:blocks], self.host_ids[:blocks])
             times.append(time.perf_counter() - started)
-            engine.wait(job)
-            engine.get_finished()
+            if before == "wait":
+                engine.wait(job)
+            while not engine.get_finished():
+                pass
+            if before == "sleep":
+                time.sleep(0.001)
         return times
 
-    def submit_seconds(self, submits: int, blocks: int) -> float:
-        """Median host time of one submit of `blocks` blocks (validation, ids, records, launch)."""
-        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
-        return statistics.median(self._submit_times(engine, submits + 1, blocks)[1:])
+    def submit_seconds(
+        self, submits: int, blocks: int, path: str | None = None, before: str = "wait"
+    ) -> float:
+        """Median host time of one submit of `blocks` blocks (validation, ids, records, launch,
+        and a staged job's copies)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS, path=path)
+        return statistics.median(self._submit_times(engine, submits + 1, blocks, before)[1:])
 
-    def submit_seconds_without_launch(self, submits: int, blocks: int) -> float:
-        """The same with the kernel launch replaced by nothing, best of 5 rounds: submit's cost
-        before the launch (on the simulator, where records and uploads do nothing either, its
-        Python alone)."""
-        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+    def submit_seconds_without_launch(
+        self, submits: int, blocks: int, path: str | None = ZERO_COPY
+    ) -> float:
+        """The same, polled, with the kernel launch (and a staged job's copies) replaced by
+        nothing, best of 5 rounds: submit's cost before the launch (on the simulator, where
+        records and uploads do nothing either, its Python alone)."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS, path=path)
         for lane in engine._lanes.values():  # a measurement's seam, not an API
-            lane.launch = lambda grid, count: None
-        return min(statistics.median(self._submit_times(engine, submits, blocks)) for _ in range(5))
+            lane.launch = lambda grid, *values: None
+            if lane.staging is not None:
+                lane.staging._copy = lambda pairs: None
+        return min(
+            statistics.median(self._submit_times(engine, submits, blocks, "poll")) for _ in range(5)
+        )
 
-    def submit_to_completion(self, repeats: int) -> dict:
-        """Per-step jobs, from before `submit` to completion: seen by polling `get_finished` (as
-        an engine stepping does) and by `wait` (which sleeps)."""
-        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS)
+    def submit_to_completion(self, repeats: int, path: str) -> dict:
+        """Per-step jobs on `path`, from before `submit` to completion: seen by polling
+        `get_finished` (as an engine stepping does) and by `wait`."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS, path=path)
         result = {}
         for direction in ("store", "load"):
             for how in ("poll", "wait"):
@@ -259,6 +291,42 @@ class ChunkBench:
                 result[f"{direction}_{how}_gbps"] = gbps(
                     self.job_bytes, statistics.median(walls[1:])
                 )
+        return result
+
+    def driver_calls(self, calls: int) -> dict:
+        """Median host microseconds of each driver call a submit of this bench's job makes, on
+        an idle stream (each waited out before the next): where a submit's time goes."""
+        engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS, path=STAGED)
+        lane = engine._lanes[Direction.STORE]  # a measurement's seam, not an API
+        slot, count = lane.free_slots[0], self.blocks
+        slot.staged_ids[:count] = self.gpu_ids[:count]
+        slot.staged_ids[count : 2 * count] = lane.staging.positions[:count]
+        lane.staging.queue(lambda *_: None, 1, self.host_ids[:count], count)  # fill addresses
+        plain = engine._lanes[Direction.LOAD]
+        calls_of = {
+            "event_record": lambda: record(slot.end_at, lane.stream_at),
+            "id_upload": lambda: upload(
+                lane.device_ids,
+                lane.device_ids_at,
+                slot.staged_ids,
+                slot.staged_at,
+                2 * count,
+                lane.stream_at,
+            ),
+            "launch": lambda: lane.launch(DEFAULT_MAX_THREAD_BLOCKS, count, 0, count),
+            "batch_copy": lambda: lane.staging._copy(count),
+            "event_query": lambda: event_done(plain.free_slots[0].end),
+        }
+        result = {}
+        for name, call in calls_of.items():
+            times = []
+            for _ in range(calls + 1):
+                lane.stream.synchronize()
+                started = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - started)
+            result[name] = statistics.median(times[1:]) * 1e6
+        lane.stream.synchronize()
         return result
 
     def naive(self, copies: int) -> dict:
@@ -364,7 +432,14 @@ def run(config: dict, out: Path) -> dict:
             key = "all" if cap is None else str(cap)
             row["gather_gbps"][key] = bench.one_direction(cap, "store", config["repeats"])
             row["scatter_gbps"][key] = bench.one_direction(cap, "load", config["repeats"])
+        row["staged_gbps"] = {
+            direction: bench.one_direction(
+                DEFAULT_MAX_THREAD_BLOCKS, direction, config["repeats"], path=STAGED
+            )
+            for direction in ("store", "load")
+        }
         row["concurrent_gbps"] = bench.concurrent(config["repeats"])
+        row["staged_concurrent_gbps"] = bench.concurrent(config["repeats"], path=STAGED)
         row["naive_gbps"] = bench.naive(config["naive_copies"])
         row["torch_gbps"] = bench.torch_way(config["repeats"])
         row["submit_us_median"] = bench.submit_seconds(config["submits"], bench.blocks) * 1e6
@@ -379,18 +454,34 @@ def run(config: dict, out: Path) -> dict:
     bench = ChunkBench(
         step["chunk"], step["layers"], step["blocks"], config["threads_per_block"], torch
     )
+    probe = TransferEngine(bench.layout, bench.pool)
+    report["default_paths"] = {direction.value: path for direction, path in probe.path.items()}
+    del probe
+    repeats = step["repeats"]
     report["per_step"] = {
         "blocks": step["blocks"],
         "layers": step["layers"],
         "chunk_bytes": step["chunk"],
         "job_bytes": bench.job_bytes,
-        **bench.submit_to_completion(step["repeats"]),
-        "submit_us_median": bench.submit_seconds(step["repeats"], step["blocks"]) * 1e6,
-        "submit_us_median_without_launch": bench.submit_seconds_without_launch(
-            config["submits"], step["blocks"]
-        )
-        * 1e6,
+        "paths": {
+            path: {
+                **bench.submit_to_completion(repeats, path),
+                "submit_us_polled": bench.submit_seconds(repeats, step["blocks"], path, "poll")
+                * 1e6,
+                "submit_us_after_wait": bench.submit_seconds(repeats, step["blocks"], path) * 1e6,
+                "submit_us_after_sleep": bench.submit_seconds(
+                    repeats, step["blocks"], path, "sleep"
+                )
+                * 1e6,
+                "submit_us_without_launch": bench.submit_seconds_without_launch(
+                    config["submits"], step["blocks"], path
+                )
+                * 1e6,
+            }
+            for path in PATHS
+        },
     }
+    report["driver_calls_us"] = bench.driver_calls(config["driver_calls"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print_table(report)
@@ -399,7 +490,8 @@ def run(config: dict, out: Path) -> dict:
 
 
 def launch_shapes(config: dict, job_bytes: int, torch) -> list[dict]:
-    """Each (threads per block, thread blocks): GB/s each way and both at once, one chunk size."""
+    """Each (threads per block, thread blocks) of the zero-copy kernels: GB/s each way and both at
+    once, one chunk size."""
     sweep = config["launch_shapes"]
     chunk = sweep["chunk"]
     blocks = max(1, job_bytes // (config["layers"] * chunk))
@@ -437,26 +529,32 @@ def print_table(report: dict) -> None:
     header = (
         ["chunk KiB", "dir"]
         + [f"tb={k}" for k in keys]
-        + ["% ceil", "% ceil@16", "memcpy", "torch", "concurrent", "x one dir", "submit us"]
-        + ["submit16 us"]
+        + ["% ceil", "% ceil@16", "staged", "% ceil", "memcpy", "torch", "both", "x one dir"]
+        + ["staged both", "x one dir", "submit us", "submit16 us"]
     )
+    print("zero-copy kernels by thread-block cap, the staged path (16 blocks), GB/s:")
     print(" | ".join(f"{h:>10}" for h in header))
     for row in report["rows"]:
         best_one = max(max(row["gather_gbps"].values()), max(row["scatter_gbps"].values()))
+        staged = row["staged_gbps"]
         for direction, name, link in (
-            ("gather_gbps", "gather", "d2h"),
-            ("scatter_gbps", "scatter", "h2d"),
+            ("store", "gather", "d2h"),
+            ("load", "scatter", "h2d"),
         ):
-            speeds = row[direction]
+            speeds = row[f"{name}_gbps"]
             torch_way = row["torch_gbps"]
             cells = [f"{row['chunk_bytes'] / 1024:g}", name] + [f"{speeds[k]:.1f}" for k in keys]
             cells += [
                 _ratio(max(speeds.values()), ceiling[link]),
                 _ratio(speeds.get("16"), ceiling[link]),
+                f"{staged[direction]:.1f}",
+                _ratio(staged[direction], ceiling[link]),
                 f"{row['naive_gbps'][link]:.2f}",
                 "-" if torch_way is None else f"{torch_way[link]:.1f}",
                 f"{row['concurrent_gbps']:.1f}",
                 f"{row['concurrent_gbps'] / best_one:.2f}",
+                f"{row['staged_concurrent_gbps']:.1f}",
+                f"{row['staged_concurrent_gbps'] / max(staged.values()):.2f}",
                 f"{row['submit_us_median']:.1f}",
                 f"{row['submit_us_median_16_blocks']:.1f}",
             ]
@@ -470,13 +568,23 @@ def print_table(report: dict) -> None:
     step = report["per_step"]
     print(
         f"per-step job ({step['blocks']} blocks x {step['layers']} layers x "
-        f"{step['chunk_bytes'] / 1024:g} KiB, submit to completion): "
-        f"store {step['store_poll_gbps']:.1f} GB/s ({_ratio(step['store_poll_gbps'], ceiling['d2h'])}), "
-        f"load {step['load_poll_gbps']:.1f} GB/s ({_ratio(step['load_poll_gbps'], ceiling['h2d'])}) "
-        f"polling; with wait: store {step['store_wait_gbps']:.1f}, load {step['load_wait_gbps']:.1f}; "
-        f"submit {step['submit_us_median']:.1f} us median "
-        f"({step['submit_us_median_without_launch']:.1f} us without the launch)"
+        f"{step['chunk_bytes'] / 1024:g} KiB), submit to completion; default paths "
+        f"{report['default_paths']}:"
     )
+    for path, figures in step["paths"].items():
+        print(
+            f"  {path:>9}: store {figures['store_poll_gbps']:.1f} GB/s "
+            f"({_ratio(figures['store_poll_gbps'], ceiling['d2h'])}), load "
+            f"{figures['load_poll_gbps']:.1f} GB/s "
+            f"({_ratio(figures['load_poll_gbps'], ceiling['h2d'])}) polling; with wait: store "
+            f"{figures['store_wait_gbps']:.1f}, load {figures['load_wait_gbps']:.1f}; submit "
+            f"{figures['submit_us_polled']:.1f} us median hot, "
+            f"{figures['submit_us_after_wait']:.1f} after wait, "
+            f"{figures['submit_us_after_sleep']:.1f} after a sleep, "
+            f"{figures['submit_us_without_launch']:.1f} without the launch"
+        )
+    calls = ", ".join(f"{name} {us:.1f}" for name, us in report["driver_calls_us"].items())
+    print(f"driver calls of a submit, median us: {calls}")
 
 
 def main() -> None:
@@ -493,7 +601,8 @@ def main() -> None:
     parser.add_argument(
         "--submit-cost",
         action="store_true",
-        help="only submit's cost for the per-step job, the launch left out (best of 5 rounds)",
+        help="only submit's cost for the per-step job on each path, the launch left out (best "
+        "of 5 rounds)",
     )
     parser.add_argument("--compile-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -503,12 +612,13 @@ def main() -> None:
     if args.submit_cost:
         step = FULL["per_step"]
         bench = ChunkBench(step["chunk"], step["layers"], step["blocks"], None, None)
-        seconds = bench.submit_seconds_without_launch(200, step["blocks"])
-        print(
-            f"submit of {step['blocks']} blocks x {step['layers']} layers x "
-            f"{step['chunk'] // 1024} KiB, launch left out: {seconds * 1e6:.1f} us median "
-            f"(best of 5 rounds of 200; simulator: {ON_SIMULATOR})"
-        )
+        for path in PATHS:
+            seconds = bench.submit_seconds_without_launch(200, step["blocks"], path)
+            print(
+                f"submit of {step['blocks']} blocks x {step['layers']} layers x "
+                f"{step['chunk'] // 1024} KiB, {path}, launch left out: {seconds * 1e6:.1f} us "
+                f"median (best of 5 rounds of 200; simulator: {ON_SIMULATOR})"
+            )
         return
     config = dict(SMOKE if args.smoke else FULL)
     if args.threads_per_block:

@@ -22,6 +22,7 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     assert set(row["gather_gbps"]) == set(row["scatter_gbps"]) == {"1", "all"}
     for key in ("concurrent_gbps", "naive_gbps", "torch_gbps", "submit_us_median_16_blocks"):
         assert key in row
+    assert set(row["staged_gbps"]) == {"store", "load"} and "staged_concurrent_gbps" in row
     shapes = [
         (shape["threads_per_block"], shape["thread_blocks"]) for shape in report["launch_shapes"]
     ]
@@ -32,8 +33,20 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     )
     step = report["per_step"]
     assert step["job_bytes"] == 2 * 2 * 512  # 2 blocks x 2 layers x 512 bytes
-    assert step["submit_us_median_without_launch"] > 0
-    for direction in ("store", "load"):
-        assert {f"{direction}_poll_gbps", f"{direction}_wait_gbps"} <= set(step)
+    assert report["default_paths"] == {"store": "staged", "load": "staged"}
+    assert set(step["paths"]) == {"zero_copy", "staged"}
+    for figures in step["paths"].values():
+        assert figures["submit_us_without_launch"] > 0
+        for direction in ("store", "load"):
+            assert {f"{direction}_poll_gbps", f"{direction}_wait_gbps"} <= set(figures)
+        for before in ("polled", "after_wait", "after_sleep"):
+            assert figures[f"submit_us_{before}"] > 0
+    assert set(report["driver_calls_us"]) == {
+        "event_record",
+        "id_upload",
+        "launch",
+        "batch_copy",
+        "event_query",
+    }
     out = capsys.readouterr().out
-    assert "gather" in out and "per-step job" in out
+    assert "gather" in out and "per-step job" in out and "driver calls" in out

@@ -1,0 +1,134 @@
+"""What a store costs the compute beside it, on a GPU: a store of 2 GiB next to 20 fp16 8192^3
+matmuls on torch's default stream (as an engine computes), for each path and launch shape.
+
+    python benchmarks/overlap.py [--out results/overlap.json]     # on a GPU, with torch
+
+For the engine's default (first), the staged path and zero-copy launch shapes: the compute's own
+time (CUDA events on its stream) alone and beside the store, interleaved, median of 3 (the
+slowdown the store causes), and the share of the store hidden behind the compute,
+(store + compute - both) / store, from wall times. The stored blocks are none the matmuls write, so
+no store waits for them. The time to first token a load buys is benchmarks/ttft.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+LAYERS, BLOCK_SIZE, HEADS, HEAD = 32, 16, 8, 128  # 2 MiB blocks, Llama-3.1-8B's KV per block
+BLOCKS = 1024
+SHAPES = [(None, None, None), ("staged", None, None)] + [
+    ("zero_copy", threads, blocks) for threads, blocks in ((128, 16), (256, 8), (1024, 16))
+]
+"""(path, threads per block, thread blocks) of the stores run beside the compute; None: the
+engine's default. The engine's defaults first."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/overlap.json")
+    args = parser.parse_args()
+    import torch
+
+    from numbakv.datapath import HostPool, KVLayout
+
+    if not torch.cuda.is_available():
+        parser.exit(2, f"{parser.prog}: error: needs a CUDA GPU and torch with CUDA\n")
+    shape = (2, BLOCKS, BLOCK_SIZE, HEADS, HEAD)
+    kv = [torch.randn(shape, dtype=torch.float16, device="cuda") for _ in range(LAYERS)]
+    layout = KVLayout.from_arrays("flash_attn", kv)
+    shapes = overlap(torch, layout, HostPool.for_layout(layout, BLOCKS), BLOCKS)
+    report = {"block_bytes": layout.block_bytes, "overlap": shapes[0], "overlap_by_shape": shapes}
+    print(f"a store of {BLOCKS} blocks (2 GiB) beside 20 fp16 8192^3 matmuls:")
+    for o in shapes:
+        print(
+            f"  {o['path']:>9} {o['threads_per_block']:>4} threads x {o['thread_blocks']:>2} "
+            f"blocks: store alone {o['store_s'] * 1e3:.1f} ms, compute alone "
+            f"{o['compute_alone_ms']:.1f} ms, beside the store {o['compute_with_store_ms']:.1f} ms "
+            f"({o['compute_slowdown']:+.1%}), both {o['both_s'] * 1e3:.1f} ms: "
+            f"{o['hidden_share']:.0%} of the store hidden" + (" (default)" if o["default"] else "")
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+def overlap(torch, layout, pool, n: int) -> list[dict]:
+    """A store of `n` blocks against matmuls on the default stream, for each of SHAPES: the
+    compute's own time (CUDA events) alone and beside the store, interleaved and repeated, and
+    the share of the store hidden behind it (wall times)."""
+    from numbakv.datapath import TransferEngine
+    from numbakv.jobs import Direction
+
+    a = torch.randn((8192, 8192), dtype=torch.float16, device="cuda")
+    gpu_ids, host_ids = np.arange(n), np.arange(n)
+    jobs = iter(range(10**9))
+
+    def compute() -> tuple:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            a @ a
+        end.record()
+        return start, end
+
+    def timed(action) -> tuple[float, object]:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        result = action()
+        torch.cuda.synchronize()
+        return time.perf_counter() - started, result
+
+    results = []
+    for path, threads, blocks in SHAPES:
+        options = {"path": path, "threads_per_block": threads}
+        if blocks is not None:
+            options["max_thread_blocks"] = blocks
+        engine = TransferEngine(layout, pool, **options)
+
+        def store(engine: TransferEngine = engine) -> None:
+            job = next(jobs)
+            engine.submit(job, "store", gpu_ids, host_ids)  # blocks no matmul writes
+            engine.wait(job)
+            engine.get_finished()
+
+        timed(compute), timed(store)  # warm up both
+        alone_ms, beside_ms, store_s, compute_s, both_s = [], [], [], [], []
+        for _ in range(3):
+            seconds, (start, end) = timed(compute)
+            compute_s.append(seconds)
+            alone_ms.append(start.elapsed_time(end))
+            store_s.append(timed(store)[0])
+            seconds, (start, end) = timed(lambda: (compute(), store())[0])
+            both_s.append(seconds)
+            beside_ms.append(start.elapsed_time(end))
+        alone, beside = statistics.median(alone_ms), statistics.median(beside_ms)
+        store_wall, both_wall = statistics.median(store_s), statistics.median(both_s)
+        results.append(
+            {
+                "path": engine.path[Direction.STORE],
+                "threads_per_block": engine.threads_per_block[Direction.STORE],
+                "thread_blocks": engine.max_thread_blocks,
+                "default": path is None,
+                "blocks": n,
+                "store_s": store_wall,
+                "compute_s": statistics.median(compute_s),
+                "both_s": both_wall,
+                "hidden_share": max(
+                    0.0, (store_wall + statistics.median(compute_s) - both_wall) / store_wall
+                ),
+                "compute_alone_ms": alone,
+                "compute_with_store_ms": beside,
+                "compute_slowdown": beside / alone - 1,
+            }
+        )
+    return results
+
+
+if __name__ == "__main__":
+    main()

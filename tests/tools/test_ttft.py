@@ -1,0 +1,77 @@
+"""benchmarks/ttft.py on the tiny model, on the CPU and the CUDA simulator: every row is there,
+every loaded prefix is the recompute's KV byte for byte, and a wrong load is caught (skipped where
+torch or transformers is absent; the vLLM environments have both)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ttft.py"
+TINY = ["--model", "tiny", "--prompt-tokens", "256", "--repeats", "1"]
+
+
+@pytest.fixture(scope="module")
+def ttft():
+    spec = importlib.util.spec_from_file_location("ttft", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report(ttft, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ttft") / "ttft.json"
+    assert ttft.main([*TINY, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_every_row_is_there_with_its_time(report):
+    assert [row["path"] for row in report["rows"]] == ["recompute", "numbakv", "disk", "torch"]
+    for row in report["rows"]:
+        assert row["ttft_ms"] > 0 and row["prompt_tokens"] == 256
+        assert row["prefix_tokens"] + row["new_tokens"] == 256
+    assert report["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x K, V x heads x head x fp32
+
+
+def test_each_load_brings_back_the_recomputes_kv_and_first_token(report):
+    for row in report["rows"][1:]:
+        assert row["kv_exact"] and row["first_token_matches"], row
+        assert row["logits_max_abs_diff"] <= row["logits_tolerance"], row
+        assert row["load_bytes"] == 128 * report["kv_bytes_per_token"]
+        assert row["load_ms"] + row["forward_ms"] == pytest.approx(row["ttft_ms"])
+
+
+def test_a_load_that_brings_nothing_back_fails_the_run(ttft, tmp_path, monkeypatch, capsys):
+    """numbakv's load skipped: the paged cache stays wiped, and the checks must say so."""
+    load = ttft.PagedPrefix.load
+    monkeypatch.setattr(
+        ttft.PagedPrefix,
+        "load",
+        lambda self, path, blocks: None if path == "numbakv" else load(self, path, blocks),
+    )
+    out = tmp_path / "ttft.json"
+    assert ttft.main([*TINY, "--out", str(out)]) == 1
+    rows = {row["path"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["numbakv"]["ok"] is False and not rows["numbakv"]["kv_exact"]
+    assert rows["disk"]["ok"] and rows["torch"]["ok"]
+    assert "WRONG: numbakv at 256 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--new-tokens", "100"], "argument --new-tokens: got 100, expected a positive multiple"),
+        (["--prompt-tokens", "128"], "argument --prompt-tokens: got 128, expected multiples of 16"),
+        (["--prompt-tokens", "1k"], "argument --prompt-tokens: got '1k', expected whole numbers"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(ttft, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        ttft.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
