@@ -7,8 +7,9 @@ driver call) moves each packed block to its host block; a staged load copies the
 the buffer, then runs the scatter kernel out of it. The kernels are the zero-copy path's own: the
 buffer stands where the host pool stood, and the job's "host ids" become positions in the buffer.
 A job larger than the buffer moves in rounds of `capacity` blocks, one after the other on the
-lane's stream. Everything is allocated once per lane; a round costs two driver calls and two
-NumPy passes over its host ids, whatever its blocks and layers.
+lane's stream. Everything is allocated once per lane; a round costs two driver calls and one
+NumPy pass over its host ids (a lookup in a table of the pool's block addresses), whatever its
+blocks and layers.
 """
 
 from __future__ import annotations
@@ -31,18 +32,18 @@ class Staging:
         block_bytes: int,
         capacity: int,
         pool_address: int,
+        pool_blocks: int,
         max_pairs: int,
         word: np.dtype,
     ) -> None:
         self.direction = direction
         self.capacity = capacity
-        self.block_bytes = block_bytes
         self.buffer = cuda.device_array(capacity * block_bytes, dtype=np.uint8)
         base = int(array_interface(self.buffer)["data"][0])
         self.words = word_view(base, capacity * block_bytes, np.dtype(word), owner=self.buffer)
         self.positions = np.arange(max_pairs, dtype=np.int64) % capacity
         """Pair i's block in the buffer: what the kernels take as its host block id."""
-        self._pool_address = pool_address
+        self._block_addresses = pool_address + np.arange(pool_blocks, dtype=np.int64) * block_bytes
         self._host_addresses = np.empty(capacity, dtype=np.int64)  # refilled every round
         staged = base + np.arange(capacity, dtype=np.int64) * block_bytes
         sizes = np.full(capacity, block_bytes, dtype=np.int64)
@@ -59,8 +60,7 @@ class Staging:
         addresses = self._host_addresses
         for first in range(0, count, self.capacity):
             pairs = min(self.capacity, count - first)
-            np.multiply(host_ids[first : first + pairs], self.block_bytes, out=addresses[:pairs])
-            addresses[:pairs] += self._pool_address
+            np.take(self._block_addresses, host_ids[first : first + pairs], out=addresses[:pairs])
             if self.direction is Direction.STORE:
                 launch(grid, count, first, pairs)
                 self._copy(pairs)

@@ -228,6 +228,7 @@ class TransferEngine:
                     layout.block_bytes,
                     min(capacity, num_destinations),
                     host_pool.address,
+                    host_pool.num_blocks,
                     num_destinations,
                     layout.word,
                 )
