@@ -134,17 +134,18 @@ class Fleet:
         self.served = dict.fromkeys((HOST, DISK, SHARED_OWN, SHARED_OTHER), 0)
         self.misses = self.disk_writes = self.shared_writes = 0
 
-    def serve(self, engine_number: int, chain: Sequence[int]) -> None:
+    def serve(self, engine_number: int, chain: Sequence[int]) -> dict[str, int]:
         """One request on one engine: find its leading run of cached blocks tier by tier, promote
         what the lower tiers held into host memory, then replay the request there as the
-        one-engine replay does (its hits, now all in host memory, and its computed tail)."""
+        one-engine replay does (its hits, now all in host memory, and its computed tail).
+        Returns the request's hits by the tier that served them."""
         engine = self.engines[engine_number]
         engine.requests += 1
         if engine.disk is None and self.shared is None:
             hits, _ = replay_request(engine.host, chain)
             self.served[HOST] += hits
             self.misses += len(chain) - hits
-            return
+            return {HOST: hits}
         found = self._locate(engine_number, chain)
         for lower in (engine.disk, self.shared):
             if lower is not None:
@@ -156,8 +157,11 @@ class Fleet:
                 self._demote(engine_number, evicted)
         list(engine.host.take_events())  # drop the promotion's: its blocks are below already
         hits, _ = replay_request(engine.host, chain)  # all of `found`, unless promotion failed
+        served = dict.fromkeys(self.served, 0)
         for tier in found[:hits]:
-            self.served[tier] += 1
+            served[tier] += 1
+        for tier, count in served.items():
+            self.served[tier] += count
         self.misses += len(chain) - hits
         stored, evicted = [], []
         for event in engine.host.take_events():
@@ -166,6 +170,7 @@ class Fleet:
             self._demote(engine_number, evicted)
         else:
             self._write_through(engine_number, stored)
+        return served
 
     def _locate(self, engine_number: int, chain: Sequence[int]) -> list[str]:
         """The tier that holds each block of the request's leading run of cached blocks."""
@@ -255,10 +260,14 @@ def fleet_replay(
 
 
 def fleet_grid(
-    chains: Sequence[Sequence[int]], configs: Sequence[FleetConfig], progress: bool = False
+    chains: Sequence[Sequence[int]],
+    configs: Sequence[FleetConfig],
+    progress: bool = False,
+    request_hits: list[list[dict[str, int]]] | None = None,
 ) -> list[FleetResult]:
     """One fleet replay per config, in order; Ctrl-C raises FleetInterrupted with the runs
-    finished and the one cut short."""
+    finished and the one cut short. `request_hits`, if given, gets each run's hits per request
+    by the tier that served them."""
     slot_limit = max(1, sum(map(len, chains)))
     routes: dict[tuple[int, str], list[int]] = {}
     results: list[FleetResult] = []
@@ -269,7 +278,11 @@ def fleet_grid(
                 key = (config.engines, config.route)
                 if key not in routes:
                     routes[key] = route(chains, config.engines, config.route)
-                results.append(_replay_one(chains, routes[key], Fleet(config, slot_limit), meter))
+                hits: list[dict[str, int]] | None = None if request_hits is None else []
+                if request_hits is not None:
+                    request_hits.append(hits)
+                fleet = Fleet(config, slot_limit)
+                results.append(_replay_one(chains, routes[key], fleet, meter, hits))
         except FleetInterrupted as cut_short:
             raise FleetInterrupted(results + cut_short.results) from None
         except KeyboardInterrupt:  # between two runs
@@ -278,12 +291,18 @@ def fleet_grid(
 
 
 def _replay_one(
-    chains: Sequence[Sequence[int]], engines: Sequence[int], fleet: Fleet, meter: Progress
+    chains: Sequence[Sequence[int]],
+    engines: Sequence[int],
+    fleet: Fleet,
+    meter: Progress,
+    hits: list[dict[str, int]] | None,
 ) -> FleetResult:
     started = time.perf_counter()
     try:
         for engine_number, chain in zip(engines, chains):
-            fleet.serve(engine_number, chain)
+            served = fleet.serve(engine_number, chain)
+            if hits is not None:
+                hits.append(served)
             meter.update()
     except KeyboardInterrupt:
         raise FleetInterrupted([fleet.result(time.perf_counter() - started)]) from None

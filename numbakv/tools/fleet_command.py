@@ -35,6 +35,7 @@ from numbakv.tools.fleet_planning import (
 )
 from numbakv.tools.planning import Capacity, bytes_label, parse_capacity
 from numbakv.tools.routing import ROUTES, SESSION
+from numbakv.tools.ttft_profile import TTFTProfile, print_worth, runs_worth, worth_json
 
 _NO_TIER = ("0", "none")
 
@@ -171,12 +172,15 @@ def run_fleet(
     chains: Sequence[Sequence[int]],
     source: str,
     total: int,
+    profile: TTFTProfile | None = None,
 ) -> int:
-    """Replay the fleets and report them: text (or a table), the plot, JSON."""
+    """Replay the fleets and report them: text (or a table), what the hits are worth in seconds
+    (with a profile), the plot, JSON."""
     text = sys.stderr if args.json else sys.stdout
     status = 0
+    request_hits: list | None = None if profile is None else []
     try:
-        results = fleet_grid(chains, plan.configs, progress=True)
+        results = fleet_grid(chains, plan.configs, progress=True, request_hits=request_hits)
     except FleetInterrupted as cut_short:
         results = cut_short.results
         done = sum(result.requests == len(chains) for result in results)
@@ -192,14 +196,29 @@ def run_fleet(
         _print_run(results[0], sizes[0], args.block_bytes, len(chains), text)
     else:
         print(format_fleet_table(results, sizes, args.block_bytes, len(chains)), file=text)
+    worth = [None] * len(results)
+    if profile is not None:
+        worth = runs_worth(profile, chains, request_hits[: len(results)], args.block_tokens)
+        labels = [_label(result.config, size) for result, size in zip(results, sizes)]
+        print_worth(profile, args.block_tokens, labels, worth, text)
     if args.plot and not status:
         plot_fleet(results, sizes, args.plot, title=Path(source).name)
         print(f"plot            {args.plot}", file=text)
     if args.json:
         runs = [_run_json(result, size, args.block_bytes) for result, size in zip(results, sizes)]
+        if profile is not None:
+            for run, report in zip(runs, worth):
+                run["ttft"] = worth_json(report)
         common = {"trace": source, "interrupted": bool(status)}
         print_json({**runs[0], **common} if single else {**common, "runs": runs})
     return status
+
+
+def _label(config: FleetConfig, size: FleetSizes) -> str:
+    """A run of a fleet table, in one cell: `lru, demote, host 64 GiB, disk 2 TB, shared none`."""
+    tiering = f", {config.tiering}" if config.disk_capacity or config.shared_capacity else ""
+    tiers = ", ".join(f"{tier} {size.label(tier)}" for tier in ("host", "disk", "shared"))
+    return f"{config.policy}{tiering}, {tiers}"
 
 
 def _print_run(

@@ -85,18 +85,23 @@ def replay_grid(
     capacities: Sequence[int],
     store_threshold: int = 1,
     progress: bool = False,
+    request_hits: list[list[int] | None] | None = None,
 ) -> list[ReplayResult]:
     """One replay per policy and capacity, policy by policy, capacities in the order given.
 
     `progress` reports on the whole grid; Ctrl-C raises ReplayInterrupted with the runs finished
-    and the one cut short."""
+    and the one cut short. `request_hits`, if given, gets each run's blocks hit per request (None
+    for Belady's MIN, which counts hits in all)."""
     runs = [(policy, capacity) for policy in policies for capacity in capacities]
     results: list[ReplayResult] = []
     with Progress("replaying", len(runs) * len(chains), "req", enabled=progress) as meter:
         try:
             for number, (policy, capacity) in enumerate(runs, start=1):
                 meter.describe(f"{policy} at {capacity:,} blocks (run {number} of {len(runs)})")
-                results.append(_replay(chains, policy, capacity, store_threshold, meter))
+                hits = None if request_hits is None or policy == BELADY else []
+                if request_hits is not None:
+                    request_hits.append(hits)
+                results.append(_replay(chains, policy, capacity, store_threshold, meter, hits))
         except ReplayInterrupted as cut_short:
             raise ReplayInterrupted(results + cut_short.results) from None
         except KeyboardInterrupt:  # between two runs
@@ -110,6 +115,7 @@ def _replay(
     capacity: int,
     store_threshold: int,
     meter: Progress,
+    hits_per_request: list[int] | None = None,
 ) -> ReplayResult:
     if policy == BELADY:
         return _replay_belady(chains, capacity, meter)
@@ -122,6 +128,8 @@ def _replay(
     try:
         for chain in chains:
             hits, stored = replay_request(manager, chain)
+            if hits_per_request is not None:
+                hits_per_request.append(hits)
             block_operations += 3 * len(chain) + hits + stored
             requests += 1
             meter.update()

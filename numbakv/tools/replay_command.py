@@ -46,6 +46,13 @@ from numbakv.tools.planning import (
 )
 from numbakv.tools.replay import ReplayInterrupted, ReplayResult, replay_grid
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
+from numbakv.tools.ttft_profile import (
+    add_ttft_arguments,
+    print_worth,
+    read_profile,
+    runs_worth,
+    worth_json,
+)
 from numbakv.tools.workloads import multi_turn_chat
 
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -118,6 +125,7 @@ def _parser() -> Parser:
     parser.add_argument(
         "--list-policies", action="store_true", help="list the policies --policy accepts and exit"
     )
+    add_ttft_arguments(parser)
     add_fleet_arguments(parser)
     return parser
 
@@ -183,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _list_policies(args.json)
         return 0
     plan = _check(parser, args)
+    profile = read_profile(parser, args)
     fleet = check_fleet(parser, args, plan.policies, plan.capacities) if wants_fleet(args) else None
     text = sys.stderr if args.json else sys.stdout
     source = args.trace or BUILT_IN
@@ -198,11 +207,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return interrupted(parser.prog, "while reading the trace; nothing was replayed")
     if fleet is not None:
-        return run_fleet(parser, args, fleet, chains, source, total)
+        return run_fleet(parser, args, fleet, chains, source, total, profile)
     status = 0
+    request_hits: list | None = None if profile is None else []
     try:
         results = replay_grid(
-            chains, plan.policies, [c.blocks for c in plan.capacities], args.store_threshold, True
+            chains,
+            plan.policies,
+            [c.blocks for c in plan.capacities],
+            args.store_threshold,
+            True,
+            request_hits,
         )
     except ReplayInterrupted as cut_short:
         results = cut_short.results
@@ -218,14 +233,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         table = format_table(results, plan.policies, plan.capacities, args.block_bytes, len(chains))
         print(table, file=text)
+    by_blocks = {capacity.blocks: capacity for capacity in plan.capacities}
+    worth = [None] * len(results)
+    if profile is not None:
+        worth = runs_worth(profile, chains, request_hits[: len(results)], args.block_tokens)
+        labels = [f"{r.policy} at {by_blocks[r.capacity].label}" for r in results]
+        print_worth(profile, args.block_tokens, labels, worth, text)
     if args.plot and not status:
         plot_hit_ratios(results, plan.capacities, args.plot, title=Path(source).name)
         print(f"plot            {args.plot}", file=text)
     if args.json:
-        by_blocks = {capacity.blocks: capacity for capacity in plan.capacities}
         runs = [
             _run_json(result, by_blocks[result.capacity], args.block_bytes) for result in results
         ]
+        if profile is not None:
+            for run, report in zip(runs, worth):
+                run["ttft"] = worth_json(report)
         common = {"trace": source, "interrupted": bool(status)}
         print_json({**runs[0], **common} if single else {**common, "runs": runs})
     return status

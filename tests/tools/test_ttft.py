@@ -75,3 +75,12 @@ def test_bad_arguments_are_one_line_and_exit_2(ttft, capsys, argv, message):
         ttft.main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_report_is_a_profile_the_replay_reads(report, tmp_path):
+    from numbakv.tools.ttft_profile import TTFTProfile
+
+    path = tmp_path / "ttft.json"
+    path.write_text(json.dumps(report))
+    profile = TTFTProfile.read(path)
+    assert profile.prefill[0][0] == 256 and set(profile.loads) == {"host", "disk"}
