@@ -51,11 +51,11 @@ WHEELS = ROOT / ".whl"
 SITE_ENV = "NUMBAKV_GPU_CHECK_SITE"
 DEBS_ENV = "NUMBAKV_GPU_CHECK_DEBS"
 LIMITS_S = {
-    "bandwidth": 110,
-    "overlap": 35,
+    "bandwidth": 115,
+    "overlap": 30,
     "ttft": 100,
-    "gpu_tests": 95,
-    "tests": 100,
+    "gpu_tests": 100,
+    "tests": 95,
     "memcheck": 35,
     "racecheck": 35,
 }

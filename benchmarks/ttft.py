@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -156,12 +157,10 @@ class PagedPrefix:
         )
         self.tier = ChunkTier(backend, self.pool.blocks, namespace, io_threads=8)
         self.keys: list[bytes] = []
-        self.pinned = torch.empty(
-            (len(self.layers), 2, max_blocks, BLOCK_TOKENS, self.heads, self.head),
-            dtype=self.dtype,
-            pin_memory=device == "cuda",
-        )
-        self.staging = torch.empty_like(self.pinned, device=device)
+        # torch's way keeps a prefix contiguous: the first blocks' worth of one flat buffer each
+        elements = len(self.layers) * 2 * max_blocks * BLOCK_TOKENS * self.heads * self.head
+        self._pinned = torch.empty(elements, dtype=self.dtype, pin_memory=device == "cuda")
+        self._staging = torch.empty(elements, dtype=self.dtype, device=device)
         self.gpu_index = torch.arange(max_blocks, device=device)
         self._jobs = iter(range(10**9))
 
@@ -177,8 +176,8 @@ class PagedPrefix:
         self.tier.drain()
         if not all(done.success for done in self.tier.take_finished()):
             raise RuntimeError("the disk tier failed to store the prefix")
-        for pinned, layer in zip(self.pinned, self.layers):
-            pinned[:, :blocks].copy_(layer[:, :blocks])
+        for pinned, layer in zip(self._torch_blocks(self._pinned, blocks), self.layers):
+            pinned.copy_(layer[:, :blocks])
 
     def forget(self, blocks: int, host_too: bool) -> None:
         """Wipe the GPU's copy of the prefix (and host memory's), so a load must bring it back."""
@@ -198,8 +197,8 @@ class PagedPrefix:
                 raise RuntimeError("the disk tier failed to load the prefix")
             self._move("load", blocks)
         else:  # torch's way: one pinned copy, an index_copy per layer
-            staging = self.staging[:, :, :blocks]
-            staging.copy_(self.pinned[:, :, :blocks], non_blocking=True)
+            staging = self._torch_blocks(self._staging, blocks)
+            staging.copy_(self._torch_blocks(self._pinned, blocks), non_blocking=True)
             index = self.gpu_index[:blocks]
             for layer, loaded in zip(self.layers, staging):
                 layer.index_copy_(1, index, loaded)
@@ -224,6 +223,12 @@ class PagedPrefix:
             self.torch.equal(layer[:, :blocks], kv)
             for layer, kv in zip(self.layers, self._prefix_kv(cache, blocks))
         )
+
+    def _torch_blocks(self, flat, blocks: int):
+        """`blocks` blocks of every layer, [layers, 2, blocks, 16, heads, head], from the start
+        of a flat buffer: contiguous, so one copy moves them."""
+        shape = (len(self.layers), 2, blocks, BLOCK_TOKENS, self.heads, self.head)
+        return flat[: math.prod(shape)].view(shape)
 
     def _prefix_kv(self, cache, blocks: int):
         """Each layer's first `blocks` blocks of a DynamicCache as [2, blocks, 16, heads, head]."""
