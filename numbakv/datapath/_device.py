@@ -3,7 +3,8 @@
 Everything that differs between a real GPU and Numba's CUDA simulator lives here, so the rest of
 the data path is written once. On a GPU an array is described by its `__cuda_array_interface__`,
 a raw address becomes a `DeviceNDArray` without copying, and the per-job work of `submit` (event
-records, the id upload, the launch) goes straight to the driver with arguments prepared once. On
+records, the id upload, the launch, a staged round's batched copy) goes straight to the driver with
+arguments prepared once. On
 the simulator "device" memory is NumPy memory and execution is synchronous: the same address
 becomes a NumPy view wrapped as a simulated device array, ordering calls have nothing to do, and
 a batch of block copies is a loop of memmoves over the same addresses.

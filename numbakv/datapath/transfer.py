@@ -474,8 +474,9 @@ class TransferEngine:
 
 
 def _paths(path: str | Mapping[Direction | str, str] | None) -> dict[Direction, str]:
-    """Each direction's path: the defaults, one path for both, or one per direction; staged only
-    where the driver can batch copies (asked for by name elsewhere, an error)."""
+    """Each direction's path: the defaults, one path for both, or one per direction. Staged needs
+    a driver that batches copies: without one the defaults fall back to zero-copy, and a path
+    asked for is an error."""
     if path is None:
         chosen = dict(DEFAULT_PATHS)
     elif isinstance(path, str):
