@@ -487,7 +487,7 @@ def print_table(report: dict) -> None:
     for shape in (report.get("overlap") or {}).get("overlap_by_shape", []):
         print(
             f"  compute beside a {shape['path']} store of {shape['threads_per_block']:>4} threads "
-            f"x {shape['thread_blocks']:>2} blocks: {100 * shape['compute_slowdown']:+.1f}%, "
+            f"x {shape['thread_blocks'] or 'all'} blocks: {100 * shape['compute_slowdown']:+.1f}%, "
             f"{shape['hidden_share']:.0%} of the store hidden"
         )
     for row in (report.get("ttft") or {}).get("rows", []):

@@ -47,7 +47,7 @@ def main() -> None:
     print(f"a store of {BLOCKS} blocks (2 GiB) beside 20 fp16 8192^3 matmuls:")
     for o in shapes:
         print(
-            f"  {o['path']:>9} {o['threads_per_block']:>4} threads x {o['thread_blocks']:>2} "
+            f"  {o['path']:>9} {o['threads_per_block']:>4} threads x {o['thread_blocks'] or 'all'} "
             f"blocks: store alone {o['store_s'] * 1e3:.1f} ms, compute alone "
             f"{o['compute_alone_ms']:.1f} ms, beside the store {o['compute_with_store_ms']:.1f} ms "
             f"({o['compute_slowdown']:+.1%}), both {o['both_s'] * 1e3:.1f} ms: "
@@ -113,7 +113,7 @@ def overlap(torch, layout, pool, n: int) -> list[dict]:
             {
                 "path": engine.path[Direction.STORE],
                 "threads_per_block": engine.threads_per_block[Direction.STORE],
-                "thread_blocks": engine.max_thread_blocks,
+                "thread_blocks": engine.thread_blocks[Direction.STORE],
                 "default": path is None,
                 "blocks": n,
                 "store_s": store_wall,

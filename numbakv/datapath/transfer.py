@@ -47,8 +47,9 @@ from numbakv.datapath.validation import IdCheck
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 DEFAULT_MAX_THREAD_BLOCKS = 16
-"""Thread blocks a job may hold by default: 16 leave the other SMs to the engine's kernels and the
-other direction's job (docs/DATAPATH.md, "Launch shape")."""
+"""Thread blocks a zero-copy job may hold by default (it holds them while it crosses the link): 16
+leave the other SMs to the engine's kernels and the other direction's job (docs/DATAPATH.md,
+"Launch shape")."""
 SIMULATOR_LAUNCH = MappingProxyType({"threads_per_block": 32, "max_thread_blocks": 2})
 """Launch options for Numba's CUDA simulator, which runs every thread in Python: one warp in two
 thread blocks keeps it quick (the engine's defaults took 8 times as long in the demo)."""
@@ -63,9 +64,14 @@ DEFAULT_PATHS = MappingProxyType({Direction.STORE: STAGED, Direction.LOAD: STAGE
 """Each direction's path by default (docs/DATAPATH.md, "Paths"): staged both ways, where the driver
 has batched copies (CUDA 12.8); zero-copy where it has not. Provisional until gpu_check's
 measurement of both paths on a GPU decides it per direction."""
+STAGED_LAUNCH = MappingProxyType({"threads_per_block": 1024, "max_thread_blocks": None})
+"""A staged kernel's launch shape at the engine's default options: it moves device memory only, for
+tens of microseconds a round, so it takes a warp per 4 KiB piece, uncapped, to run at HBM speed
+(16 blocks of 128 threads keep 64 KiB in flight: about 100 GB/s at HBM's latency, slower than the
+link)."""
 DEFAULT_STAGING_BYTES = 64 * 2**20
 """Device memory for each staged direction's buffer: a job larger than it moves in rounds (each
-round's kernel waits for the copy before it, about 2 % of a round at HBM speed)."""
+round's kernel waits for the copy before it: 3-4 % of a round at HBM speed)."""
 WAIT_SPIN_SECONDS = 0.002
 """How long `wait` polls before it sleeps: a per-step job is seen done as soon as polling would
 see it (a sleeping thread's wake-up cost a third of a per-step job's time on an H200), and a long
@@ -116,6 +122,7 @@ class _Lane:
         kernel: Any,
         kernel_args: tuple,
         threads_per_block: int,
+        max_thread_blocks: int | None,
         num_destinations: int,
         max_jobs_in_flight: int,
         stream: Any,
@@ -123,6 +130,7 @@ class _Lane:
     ) -> None:
         self.direction = direction
         self.threads_per_block = threads_per_block
+        self.max_thread_blocks = max_thread_blocks
         self.stream = stream
         self.stream_at = handle_of(stream)
         self.device_ids = cuda.device_array(2 * num_destinations, dtype=np.int64)
@@ -191,14 +199,25 @@ class TransferEngine:
         self.layout = layout
         self.host_pool = host_pool
         self.max_thread_blocks = max_thread_blocks
-        self.threads_per_block = (
-            dict(DEFAULT_THREADS_PER_BLOCK)
-            if threads_per_block is None
-            else dict.fromkeys(Direction, threads_per_block)
-        )
-        """Threads of each thread block, per direction (one `threads_per_block` sets both)."""
         self.path = paths
         """Each direction's path, "zero_copy" or "staged" (one `path` sets both)."""
+        default_launch = (
+            threads_per_block is None and max_thread_blocks == DEFAULT_MAX_THREAD_BLOCKS
+        )
+        self.threads_per_block = {}
+        """Threads of each thread block, per direction (one `threads_per_block` sets both)."""
+        self.thread_blocks = {}
+        """The most thread blocks a job's launch takes, per direction (None: a warp per piece)."""
+        for direction, chosen in paths.items():
+            staged_default = default_launch and chosen == STAGED
+            self.threads_per_block[direction] = (
+                STAGED_LAUNCH["threads_per_block"]
+                if staged_default
+                else threads_per_block or DEFAULT_THREADS_PER_BLOCK[direction]
+            )
+            self.thread_blocks[direction] = (
+                STAGED_LAUNCH["max_thread_blocks"] if staged_default else max_thread_blocks
+            )
         self.on_job_done = on_job_done
 
         word = layout.word.itemsize
@@ -237,6 +256,7 @@ class TransferEngine:
                 kernels.get_kernel(name, layout.word),
                 kernel_args,
                 self.threads_per_block[direction],
+                self.thread_blocks[direction],
                 num_destinations,
                 max_jobs_in_flight,
                 stream,
@@ -343,7 +363,7 @@ class TransferEngine:
                 staging = lane.staging
                 pairs = count if staging is None else min(count, staging.capacity)  # per launch
                 grid = kernels.grid_size(
-                    pairs * self._items_per_pair, lane.threads_per_block, self.max_thread_blocks
+                    pairs * self._items_per_pair, lane.threads_per_block, lane.max_thread_blocks
                 )
                 if staging is None:
                     lane.launch(grid, count, 0, count)

@@ -121,6 +121,19 @@ def test_the_default_is_staged_both_ways_and_zero_copy_where_copies_cannot_be_ba
         TransferEngine(cache.layout, pool, path="staged")
 
 
+def test_a_staged_kernel_runs_at_hbm_speed_unless_told_otherwise():
+    """At the default options a staged lane takes 1024 threads a block and a warp per piece; the
+    zero-copy lanes keep theirs, and options given apply to every lane."""
+    cache = make_cache("mla", np.random.default_rng(6))
+    pool = HostPool.for_layout(cache.layout, 2)
+    mixed = TransferEngine(cache.layout, pool, path={"store": "zero_copy", "load": "staged"})
+    assert mixed.threads_per_block == {Direction.STORE: 128, Direction.LOAD: 1024}
+    assert mixed.thread_blocks == {Direction.STORE: 16, Direction.LOAD: None}
+    told = TransferEngine(cache.layout, pool, path="staged", max_thread_blocks=2)
+    assert told.thread_blocks == dict.fromkeys(Direction, 2)
+    assert told.threads_per_block == {Direction.STORE: 128, Direction.LOAD: 1024}
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
