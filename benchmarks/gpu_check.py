@@ -218,7 +218,7 @@ def junit_summary(path: Path) -> dict:
         return "passed"
 
     outcomes = [(f"{case.get('classname')}::{case.get('name')}", outcome(case)) for case in cases]
-    gpu_files = ("test_datapath_gpu", "test_demo_gpu")
+    gpu_files = ("tests.datapath.test_gpu", "tests.tools.test_demo_gpu")
     on_gpu = [o for n, o in outcomes if any(f in n for f in gpu_files)]
     return {
         "counts": {
