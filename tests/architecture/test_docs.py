@@ -3,6 +3,7 @@ run as written on a copy of the repository with nothing beside it."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".hypothesis", ".pytest_cache", "build", "dist"}
@@ -22,6 +24,16 @@ REPO_PATH = re.compile(
     r"(?<![\w./-])((?:docs|numbakv|tests|benchmarks|dashboards|deploy|service)/[\w./*-]*[\w*])"
 )
 MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+DOTTED_NAME = re.compile(r"(?<![\w./-])numbakv(?:\.[A-Za-z_]\w*)+")
+# In a docstring of numbakv/, `.name` is a module of the docstring's own package.
+RELATIVE_NAME = re.compile(r"`(\.[A-Za-z_]\w*)`")
+# The packages that install under numbakv from a folder of their own (service/, dashboards/).
+PACKAGE_DIRS = {
+    package: ROOT / folder
+    for package, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+        "setuptools"
+    ]["package-dir"].items()
+}
 
 
 def repository_files() -> list[Path]:
@@ -56,6 +68,70 @@ def text_files() -> list[Path]:
     ]
 
 
+def written_files(suffix: str) -> list[Path]:
+    return [path for path in repository_files() if path.suffix == suffix]
+
+
+def written_texts() -> list[tuple[str, str, str]]:
+    """(where, text, package) for every Markdown file and every docstring in numbakv/; package is
+    the one a docstring's `.module` names resolve in ("" for Markdown)."""
+    texts = [(str(doc.relative_to(ROOT)), doc.read_text(), "") for doc in written_files(".md")]
+    for source in sorted((ROOT / "numbakv").rglob("*.py")):
+        module = ".".join(source.relative_to(ROOT).with_suffix("").parts)
+        package = module.removesuffix(".__init__") if source.stem == "__init__" else module
+        package = package if source.stem == "__init__" else package.rpartition(".")[0]
+        tree = ast.parse(source.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                docstring = ast.get_docstring(node, clean=False)
+                if docstring:
+                    line = getattr(node, "lineno", 1)
+                    texts.append((f"{source.relative_to(ROOT)}:{line}", docstring, package))
+    return texts
+
+
+def module_source(name: str) -> Path | None:
+    """The file of module `name` in this checkout, where it is one of numbakv's."""
+    folder, rest = ROOT, name
+    for package, package_folder in PACKAGE_DIRS.items():
+        if name == package or name.startswith(f"{package}."):
+            folder, rest = package_folder, name[len(package) + 1 :]
+    path = folder.joinpath(*rest.split(".")) if rest else folder
+    for candidate in (path.parent / f"{path.name}.py", path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def defined_names(source: Path) -> set[str]:
+    """The names a module defines or imports at its top level, and those its `__all__` offers."""
+    names = set()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+            if any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets):
+                names.update(ast.literal_eval(node.value))
+    return names
+
+
+def resolves(name: str) -> bool:
+    """`name` is a module of this checkout, or a name its longest module prefix defines (or a file's
+    name, not a module's)."""
+    parts = name.split(".")
+    if f".{parts[-1]}" in TEXT_SUFFIXES:  # a file's name: the dashboards' numbakv.json
+        return True
+    for end in range(len(parts), 0, -1):
+        source = module_source(".".join(parts[:end]))
+        if source is not None:
+            return end == len(parts) or parts[end] in defined_names(source)
+    return False
+
+
 def test_no_text_points_outside_the_repository():
     found = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
@@ -66,21 +142,35 @@ def test_no_text_points_outside_the_repository():
     assert not found, "\n".join(found)
 
 
-def test_paths_and_links_in_the_docs_exist():
-    """Markdown links and paths such as `docs/X.md` or `tests/*/test_*.py` in README and docs name
-    files of the clone."""
+def test_links_in_the_docs_exist():
+    """Markdown links in every Markdown file name files of the clone."""
     missing = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = doc.read_text()
-        for target in MARKDOWN_LINK.findall(text):
+    for doc in written_files(".md"):
+        for target in MARKDOWN_LINK.findall(doc.read_text()):
             if re.match(r"[a-z]+:", target):  # a URL
                 continue
             resolved = (doc.parent / target).resolve()
             if ROOT not in resolved.parents or not resolved.exists():
-                missing.append(f"{doc.name}: link {target}")
-        for path in REPO_PATH.findall(text):
-            if not any(ROOT.glob(path)):
-                missing.append(f"{doc.name}: {path}")
+                missing.append(f"{doc.relative_to(ROOT)}: link {target}")
+    assert not missing, "\n".join(missing)
+
+
+def test_paths_and_module_names_written_in_docs_and_docstrings_exist():
+    """Paths such as `docs/X.md` or `tests/*/test_*.py` and module names such as
+    `numbakv.tiers.disk` (or a name it defines), in every Markdown file and every docstring of
+    numbakv/, name files and modules of the clone; so does a docstring's `.module` beside it."""
+    missing = []
+    for where, text, package in written_texts():
+        missing += [
+            f"{where}: {path}" for path in REPO_PATH.findall(text) if not any(ROOT.glob(path))
+        ]
+        missing += [f"{where}: {name}" for name in DOTTED_NAME.findall(text) if not resolves(name)]
+        if package:
+            missing += [
+                f"{where}: {name}"
+                for name in RELATIVE_NAME.findall(text)
+                if not resolves(package + name)
+            ]
     assert not missing, "\n".join(missing)
 
 

@@ -1,4 +1,4 @@
-"""A numbakv tier below host memory as one of vLLM 0.32's secondary tiers (`SecondaryTierManager`).
+"""A numbakv tier below host memory as one of vLLM's secondary tiers (`SecondaryTierManager`).
 
 vLLM's `TieringOffloadingSpec` keeps its own CPU tier first and cascades stored chunks to each
 secondary tier, promoting them back on a lookup hit. `ChunkTierManager` is that contract over a
