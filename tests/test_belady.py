@@ -8,8 +8,8 @@ from itertools import combinations
 import pytest
 
 from numbakv import POLICIES
-from numbakv.tools.belady import belady_hits
 from numbakv.tools.replay import replay
+from numbakv.tools.replay.belady import belady_hits
 from numbakv.tools.workloads import mixed_traffic
 
 

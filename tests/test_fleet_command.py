@@ -7,7 +7,7 @@ import json
 import pytest
 
 from numbakv.tools.fleet import FleetConfig, fleet_replay
-from numbakv.tools.replay_command import main
+from numbakv.tools.replay.command import main
 from numbakv.tools.traces import read_hash_chains, write_trace
 from numbakv.tools.workloads import mixed_traffic
 

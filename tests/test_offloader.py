@@ -13,12 +13,12 @@ from numbakv.tools.demo import (
     DemoConfig,
     DemoReport,
     StandInEngine,
-    _print,
     block_contents,
     build_kv_cache,
     run,
 )
-from numbakv.tools.demo import main as demo_main
+from numbakv.tools.demo.command import _print
+from numbakv.tools.demo.command import main as demo_main
 from numbakv.tools.traces import read_hash_chains
 from tests.datapath_cases import make_cache, outcomes
 

@@ -7,7 +7,7 @@ is a hit and is promoted into host memory; what the engine computes is stored in
 reaches the lower tiers either by demotion (a block evicted from host memory moves to the next
 tier down, from disk to the shared tier) or by write-through (stored in every tier at once, as
 vLLM 0.32's TieringOffloadingManager does). After the promotions, host memory replays the request
-as the one-engine replay does (`numbakv.tools.replay.replay_request`), so it follows that replay's
+as the one-engine replay does (`numbakv.tools.replay.core.replay_request`), so it follows that replay's
 semantics; with one engine and no lower tier a request is exactly one of its steps.
 """
 
@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from numbakv.manager import CPUOffloadingManager
+from numbakv.tools.cli import Interrupted, runs_kept
+from numbakv.tools.fleet.routing import SESSION, route
 from numbakv.tools.progress import Progress
-from numbakv.tools.replay import replay_request
-from numbakv.tools.routing import SESSION, route
+from numbakv.tools.replay.core import replay_request
 
 DEMOTE = "demote"
 WRITE_THROUGH = "write-through"
@@ -80,15 +81,6 @@ class FleetResult:
     @property
     def hit_ratio(self) -> float:
         return self.hits / self.references if self.references else 0.0
-
-
-class FleetInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a fleet replay. `results` holds the runs finished and, last, the one cut
-    short (its `requests` counts the requests it replayed)."""
-
-    def __init__(self, results: list[FleetResult]) -> None:
-        super().__init__()
-        self.results = results
 
 
 class _Engine:
@@ -250,30 +242,28 @@ def fleet_replay(
 ) -> FleetResult:
     """Route the chains to the fleet's engines and serve them in order, one at a time.
 
-    `progress` reports on stderr; Ctrl-C raises FleetInterrupted with the partial result."""
+    `progress` reports on stderr; Ctrl-C raises `Interrupted` with the partial result."""
     return fleet_grid(chains, [config], progress)[0]
 
 
 def fleet_grid(
     chains: Sequence[Sequence[int]], configs: Sequence[FleetConfig], progress: bool = False
 ) -> list[FleetResult]:
-    """One fleet replay per config, in order; Ctrl-C raises FleetInterrupted with the runs
-    finished and the one cut short."""
+    """One fleet replay per config, in order; Ctrl-C raises `Interrupted` with the runs finished
+    and the one cut short."""
     slot_limit = max(1, sum(map(len, chains)))
     routes: dict[tuple[int, str], list[int]] = {}
     results: list[FleetResult] = []
-    with Progress("replaying", len(configs) * len(chains), "req", enabled=progress) as meter:
-        try:
-            for number, config in enumerate(configs, start=1):
-                meter.describe(f"fleet {number} of {len(configs)}")
-                key = (config.engines, config.route)
-                if key not in routes:
-                    routes[key] = route(chains, config.engines, config.route)
-                results.append(_replay_one(chains, routes[key], Fleet(config, slot_limit), meter))
-        except FleetInterrupted as cut_short:
-            raise FleetInterrupted(results + cut_short.results) from None
-        except KeyboardInterrupt:  # between two runs
-            raise FleetInterrupted(results) from None
+    with (
+        Progress("replaying", len(configs) * len(chains), "req", enabled=progress) as meter,
+        runs_kept(results, len(chains)),
+    ):
+        for number, config in enumerate(configs, start=1):
+            meter.describe(f"fleet {number} of {len(configs)}")
+            key = (config.engines, config.route)
+            if key not in routes:
+                routes[key] = route(chains, config.engines, config.route)
+            results.append(_replay_one(chains, routes[key], Fleet(config, slot_limit), meter))
     return results
 
 
@@ -286,7 +276,8 @@ def _replay_one(
             fleet.serve(engine_number, chain)
             meter.update()
     except KeyboardInterrupt:
-        raise FleetInterrupted([fleet.result(time.perf_counter() - started)]) from None
+        partial = fleet.result(time.perf_counter() - started)
+        raise Interrupted([partial], len(chains)) from None
     return fleet.result(time.perf_counter() - started)
 
 
