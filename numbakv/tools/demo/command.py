@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from typing import TextIO
 
-from numbakv.offloader import TIERINGS
+from numbakv.cascade import TIERINGS
 from numbakv.policies import POLICIES, resolve_policy
 from numbakv.tools.cli import INTERRUPTED, Interrupted, Parser, positive_int, print_json
 from numbakv.tools.demo.core import (

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from numbakv.cascade import DEMOTE, Tiering
 from numbakv.jobs import FinishedJob
 from numbakv.manager import CPUOffloadingManager
-from numbakv.offloader import DEMOTE, KVOffloader
+from numbakv.offloader import KVOffloader
 from numbakv.simulator import simulate_without_gpu
 from numbakv.tools.cli import Interrupted
 from numbakv.tools.demo.tier import demo_namespace, open_tier
@@ -58,7 +59,7 @@ class DemoConfig:
     requests: int | None = None  # the first this many requests of the workload; None: all
     launch: Mapping[str, Any] | None = None  # TransferEngine's launch options; None: by device
     tier: str | None = None  # a tier below host memory: "dir:PATH" or a redis:// URL
-    tiering: str = DEMOTE  # how blocks reach the tier (numbakv.offloader.TIERINGS)
+    tiering: Tiering = DEMOTE  # how blocks reach the tier (numbakv.cascade.TIERINGS)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from numbakv.cascade import TIERINGS
 from numbakv.policies import resolve_policy
 from numbakv.tools.cli import (
     Interrupted,
@@ -25,7 +26,7 @@ from numbakv.tools.cli import (
     print_hit_ratio,
     print_json,
 )
-from numbakv.tools.fleet.core import TIERINGS, FleetConfig, FleetResult, fleet_grid
+from numbakv.tools.fleet.core import FleetConfig, FleetResult, fleet_grid
 from numbakv.tools.fleet.planning import (
     NONE,
     FleetSizes,
