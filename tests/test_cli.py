@@ -11,7 +11,7 @@ import sys
 import pytest
 from numbakv.dashboards import generate
 
-import numbakv.tools.demo
+import numbakv.tools.demo.core
 import numbakv.tools.replay.core
 from numbakv.tools.demo import command as demo
 from numbakv.tools.progress import Progress
@@ -174,7 +174,7 @@ def test_an_interrupted_replays_table_marks_its_partial_cells(monkeypatch, capsy
 
 def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, capsys):
     served = 0
-    real = numbakv.tools.demo.StandInEngine.serve
+    real = numbakv.tools.demo.core.StandInEngine.serve
 
     def interrupted_at_the_fourth_request(self, chain):
         nonlocal served
@@ -184,7 +184,7 @@ def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, caps
         real(self, chain)
 
     monkeypatch.setattr(
-        numbakv.tools.demo.StandInEngine, "serve", interrupted_at_the_fourth_request
+        numbakv.tools.demo.core.StandInEngine, "serve", interrupted_at_the_fourth_request
     )
     assert demo.main(["--sessions", "3", "--json"]) == 130
     out, err = capsys.readouterr()

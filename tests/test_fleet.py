@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from numbakv import POLICIES
 from numbakv.cascade import DEMOTE, TIERINGS, WRITE_THROUGH
 from numbakv.tools.cli import Interrupted
-from numbakv.tools.fleet import Fleet, FleetConfig, fleet_grid, fleet_replay
+from numbakv.tools.fleet.core import Fleet, FleetConfig, fleet_grid, fleet_replay
 from numbakv.tools.fleet.routing import ROUTES, route
-from numbakv.tools.replay import replay
+from numbakv.tools.replay.core import replay
 from numbakv.tools.traces import SAMPLE_TRACES, read_hash_chains
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.workloads.core import mixed_traffic
 
 UNBOUNDED = 10**12
 

@@ -9,10 +9,10 @@ import pytest
 import numbakv.tools.replay.core
 from numbakv import POLICIES, CPUOffloadingManager
 from numbakv.tools.cli import Interrupted
-from numbakv.tools.replay import replay, replay_grid, replay_request
 from numbakv.tools.replay.command import main
+from numbakv.tools.replay.core import replay, replay_grid, replay_request
 from numbakv.tools.traces import SAMPLE_TRACES, TraceRequest, read_hash_chains, write_trace
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.workloads.core import mixed_traffic
 from tests.replaying import interrupted_at
 
 MOONCAKE = SAMPLE_TRACES["mooncake_conversation"]

@@ -23,7 +23,7 @@ from numbakv.tiers import ChunkTier, Namespace
 from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.disk import ALIGNMENT, DiskBackend
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 from tests.test_tiers_core import namespace
 
 CHUNK_BYTES = 8192

@@ -26,8 +26,8 @@ from numbakv import POLICIES, CPUOffloadingManager
 from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
-from numbakv.tools.replay import replay
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.replay.core import replay
+from numbakv.tools.workloads.core import multi_turn_chat
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
