@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numbakv import POLICIES, CPUOffloadingManager
-from numbakv.tools.replay import replay_request
+from numbakv.tools.replay.core import replay_request
 
 UNHASHABLE = [[1, 2], {3: 4}, {5}, bytearray(b"ab")]
 METHODS = ["lookup", "touch", "prepare_store", "complete_store", "prepare_load", "complete_load"]

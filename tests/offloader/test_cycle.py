@@ -9,16 +9,16 @@ from numba import cuda
 from numbakv import CPUOffloadingManager
 from numbakv.datapath import HostPool, TransferEngine
 from numbakv.offloader import KVOffloader
-from numbakv.tools.demo import (
+from numbakv.tools.demo.command import _print
+from numbakv.tools.demo.command import main as demo_main
+from numbakv.tools.demo.core import (
     DemoConfig,
     DemoReport,
     StandInEngine,
-    _print,
     block_contents,
     build_kv_cache,
     run,
 )
-from numbakv.tools.demo import main as demo_main
 from numbakv.tools.traces import read_hash_chains
 from tests.support.datapath_cases import make_cache, outcomes
 

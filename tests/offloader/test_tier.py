@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from numbakv import CPUOffloadingManager
+from numbakv.cascade import TierFlush, tier_key
 from numbakv.datapath import HostPool, TransferEngine
-from numbakv.offloader import KVOffloader, TierFlush, tier_key
+from numbakv.offloader import KVOffloader
 from numbakv.tiers import ChunkTier
 from numbakv.tiers.chunk_format import HEADER_BYTES
 from tests.support.datapath_cases import make_cache

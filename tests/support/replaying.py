@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from numbakv import CPUOffloadingManager
-from numbakv.tools.replay import replay_request
+from numbakv.tools.replay.core import replay_request
 
 
 def replay_into(manager: CPUOffloadingManager, chains: Iterable[Sequence[int]]) -> None:

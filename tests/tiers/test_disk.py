@@ -21,7 +21,7 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.disk import ALIGNMENT, DiskBackend
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 from tests.support.disk_tier import (
     CHUNK_BYTES,
     FILE_BYTES,

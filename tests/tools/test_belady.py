@@ -8,9 +8,9 @@ from itertools import combinations
 import pytest
 
 from numbakv import POLICIES
-from numbakv.tools.belady import belady_hits
-from numbakv.tools.replay import replay
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.replay.belady import belady_hits
+from numbakv.tools.replay.core import replay
+from numbakv.tools.workloads.core import mixed_traffic
 
 
 def random_chains(rng: random.Random, requests: int, max_blocks: int) -> list[list[int]]:

@@ -11,11 +11,13 @@ import sys
 import pytest
 from numbakv.dashboards import generate
 
-import numbakv.tools.demo
-import numbakv.tools.replay
-from numbakv.tools import demo, replay_command, workloads
+import numbakv.tools.demo.core
+import numbakv.tools.replay.core
+from numbakv.tools.demo import command as demo
 from numbakv.tools.progress import Progress
+from numbakv.tools.replay import command as replay_command
 from numbakv.tools.traces import read_hash_chains
+from numbakv.tools.workloads import command as workloads
 from tests.support.replaying import interrupted_at
 
 BIG = "999999999999999999999"
@@ -144,7 +146,7 @@ def test_every_option_has_help_with_its_default(command):
 
 
 def test_replay_ctrl_c_ends_with_one_line_and_the_partial_table(monkeypatch, capsys):
-    monkeypatch.setattr(numbakv.tools.replay, "replay_request", interrupted_at(9000))  # in run 2
+    monkeypatch.setattr(numbakv.tools.replay.core, "replay_request", interrupted_at(9000))  # run 2
     status = replay_command.main(["--policy", "lru,arc", "--capacity", "1000", "--json"])
     assert status == 130
     out, err = capsys.readouterr()
@@ -159,7 +161,7 @@ def test_replay_ctrl_c_ends_with_one_line_and_the_partial_table(monkeypatch, cap
 
 def test_an_interrupted_replays_table_marks_its_partial_cells(monkeypatch, capsys):
     """Issue 37: the table on stdout looked complete."""
-    monkeypatch.setattr(numbakv.tools.replay, "replay_request", interrupted_at(9000))  # in run 2
+    monkeypatch.setattr(numbakv.tools.replay.core, "replay_request", interrupted_at(9000))  # run 2
     assert replay_command.main(["--policy", "lru,arc,sieve", "--capacity", "1000"]) == 130
     table = capsys.readouterr().out.splitlines()
     lru, arc, sieve = (
@@ -172,7 +174,7 @@ def test_an_interrupted_replays_table_marks_its_partial_cells(monkeypatch, capsy
 
 def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, capsys):
     served = 0
-    real = numbakv.tools.demo.StandInEngine.serve
+    real = numbakv.tools.demo.core.StandInEngine.serve
 
     def interrupted_at_the_fourth_request(self, chain):
         nonlocal served
@@ -182,7 +184,7 @@ def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, caps
         real(self, chain)
 
     monkeypatch.setattr(
-        numbakv.tools.demo.StandInEngine, "serve", interrupted_at_the_fourth_request
+        numbakv.tools.demo.core.StandInEngine, "serve", interrupted_at_the_fourth_request
     )
     assert demo.main(["--sessions", "3", "--json"]) == 130
     out, err = capsys.readouterr()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from numbakv.tools.demo import DemoConfig, run
+from numbakv.tools.demo.core import DemoConfig, run
 
 
 @pytest.mark.gpu

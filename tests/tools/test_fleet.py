@@ -7,20 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numbakv import POLICIES
-from numbakv.tools.fleet import (
-    DEMOTE,
-    TIERINGS,
-    WRITE_THROUGH,
-    Fleet,
-    FleetConfig,
-    FleetInterrupted,
-    fleet_grid,
-    fleet_replay,
-)
-from numbakv.tools.replay import replay
-from numbakv.tools.routing import ROUTES, route
+from numbakv.cascade import DEMOTE, TIERINGS, WRITE_THROUGH
+from numbakv.tools.cli import Interrupted
+from numbakv.tools.fleet.core import Fleet, FleetConfig, fleet_grid, fleet_replay
+from numbakv.tools.fleet.routing import ROUTES, route
+from numbakv.tools.replay.core import replay
 from numbakv.tools.traces import SAMPLE_TRACES, read_hash_chains
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.workloads.core import mixed_traffic
 
 UNBOUNDED = 10**12
 
@@ -161,7 +154,7 @@ def test_ctrl_c_carries_the_fleets_so_far(monkeypatch, mixed):
 
     monkeypatch.setattr(Fleet, "serve", interrupted)
     configs = [FleetConfig(2, 100), FleetConfig(2, 200), FleetConfig(2, 300)]
-    with pytest.raises(FleetInterrupted) as info:
+    with pytest.raises(Interrupted) as info:
         fleet_grid(mixed, configs)
     first, cut = info.value.results
     assert (first.requests, cut.requests, cut.config.host_capacity) == (len(mixed), 9, 200)

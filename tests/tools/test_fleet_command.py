@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from numbakv.tools.fleet import FleetConfig, fleet_replay
-from numbakv.tools.replay_command import main
+from numbakv.tools.fleet.core import FleetConfig, fleet_replay
+from numbakv.tools.replay.command import main
 from numbakv.tools.traces import read_hash_chains, write_trace
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.workloads.core import mixed_traffic
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from numbakv.tools.planning import Capacity, bytes_label, parse_block_bytes, parse_capacity
-from numbakv.tools.replay import replay
-from numbakv.tools.replay_command import main
+from numbakv.tools.replay.command import main
+from numbakv.tools.replay.core import replay
+from numbakv.tools.replay.planning import Capacity, bytes_label, parse_block_bytes, parse_capacity
 from numbakv.tools.traces import read_hash_chains, write_trace
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.workloads.core import mixed_traffic
 
 
 @pytest.fixture(scope="module")

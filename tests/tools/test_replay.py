@@ -6,12 +6,13 @@ import sys
 
 import pytest
 
-import numbakv.tools.replay
+import numbakv.tools.replay.core
 from numbakv import POLICIES, CPUOffloadingManager
-from numbakv.tools.replay import ReplayInterrupted, replay, replay_grid, replay_request
-from numbakv.tools.replay_command import main
+from numbakv.tools.cli import Interrupted
+from numbakv.tools.replay.command import main
+from numbakv.tools.replay.core import replay, replay_grid, replay_request
 from numbakv.tools.traces import SAMPLE_TRACES, TraceRequest, read_hash_chains, write_trace
-from numbakv.tools.workloads import mixed_traffic
+from numbakv.tools.workloads.core import mixed_traffic
 from tests.support.replaying import interrupted_at
 
 MOONCAKE = SAMPLE_TRACES["mooncake_conversation"]
@@ -44,8 +45,8 @@ def test_a_capacity_beyond_the_trace_is_an_unbounded_cache(policy):
 
 
 def test_ctrl_c_carries_the_runs_so_far(monkeypatch):
-    monkeypatch.setattr(numbakv.tools.replay, "replay_request", interrupted_at(150))
-    with pytest.raises(ReplayInterrupted) as info:
+    monkeypatch.setattr(numbakv.tools.replay.core, "replay_request", interrupted_at(150))
+    with pytest.raises(Interrupted) as info:
         replay_grid([[block] for block in range(100)], ["lru"], [10, 20, 30])
     assert isinstance(info.value, KeyboardInterrupt)  # callers catching Ctrl-C still do
     first, cut = info.value.results

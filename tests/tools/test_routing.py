@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from numbakv.tools.routing import (
+from numbakv.tools.fleet.routing import (
     ROUND_ROBIN,
     SESSION,
     route,
@@ -51,7 +51,10 @@ def test_round_robin_deals_requests_in_turn():
 
 def test_session_routing_is_the_same_in_every_process():
     """The engine of a session does not depend on Python's salted string hashing."""
-    code = "from numbakv.tools.routing import route; print(route([[0, s] for s in range(50)], 8))"
+    code = (
+        "from numbakv.tools.fleet.routing import route; "
+        "print(route([[0, s] for s in range(50)], 8))"
+    )
     runs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 
 from numbakv.tools.traces import TraceRequest, read_hash_chains, write_trace
-from numbakv.tools.workloads import WORKLOADS, main, mixed_traffic, multi_turn_chat
+from numbakv.tools.workloads.command import main
+from numbakv.tools.workloads.core import WORKLOADS, mixed_traffic, multi_turn_chat
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))

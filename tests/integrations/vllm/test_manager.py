@@ -22,8 +22,8 @@ from numbakv import POLICIES, CPUOffloadingManager
 from numbakv.integrations.vllm.compat import FAILED_STORE_EVENTS
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
-from numbakv.tools.replay import replay
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.replay.core import replay
+from numbakv.tools.workloads.core import multi_turn_chat
 from tests.support.vllm_replay import BENCH, prefix_sharing_chains
 
 

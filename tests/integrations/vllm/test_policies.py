@@ -31,9 +31,9 @@ from numbakv.integrations.vllm.policies import (
     SIEVECachePolicy,
     SightingARCCachePolicy,
 )
-from numbakv.tools.replay import replay
+from numbakv.tools.replay.core import replay
 from numbakv.tools.traces import read_hash_chains
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 from tests.support.imports import loaded_after
 from tests.support.vllm_replay import BENCH, prefix_sharing_chains
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from numbakv.tools.fleet import FleetConfig, FleetResult
-from numbakv.tools.planning import BYTE_UNITS, Capacity, bytes_label
+from numbakv.tools.fleet.core import FleetConfig, FleetResult
+from numbakv.tools.replay.planning import BYTE_UNITS, Capacity, bytes_label
 
 NONE = Capacity(0)  # a tier the fleet does not have
 

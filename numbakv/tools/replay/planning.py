@@ -8,8 +8,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from numbakv.tools.belady import BELADY
-from numbakv.tools.replay import ReplayResult
+from numbakv.tools.replay.belady import BELADY
+from numbakv.tools.replay.core import ReplayResult
 
 # Unit spellings as printed; parsing ignores case ("64gib" is 64 GiB).
 BYTE_UNITS = {

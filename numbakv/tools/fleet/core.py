@@ -1,14 +1,15 @@
 """Replaying a trace through a fleet: N engines, each with its own host tier and optional disk
 tier, over one optional shared tier; hits counted by the tier that served them.
 
-Every tier is a numbakv `CPUOffloadingManager` with a policy, bounded by its capacity in blocks.
-Tiering follows vLLM's: a host miss found in a lower tier (own disk first, then the shared tier)
+Every tier is a numbakv `CPUOffloadingManager` used as a slot index with a policy, bounded by its
+capacity in blocks. The tiers follow numbakv.cascade's rules, as `KVOffloader` does with a real
+tier, tier by tier down: a host miss found in a lower tier (own disk first, then the shared tier)
 is a hit and is promoted into host memory; what the engine computes is stored in host memory and
-reaches the lower tiers either by demotion (a block evicted from host memory moves to the next
-tier down, from disk to the shared tier) or by write-through (stored in every tier at once, as
+reaches the lower tiers either by demotion (a block evicted from host memory moves to the disk, and
+what the disk evicts to the shared tier) or by write-through (stored in every tier at once, as
 vLLM 0.32's TieringOffloadingManager does). After the promotions, host memory replays the request
-as the one-engine replay does (`numbakv.tools.replay.replay_request`), so it follows that replay's
-semantics; with one engine and no lower tier a request is exactly one of its steps.
+as the one-engine replay does (`numbakv.tools.replay.core.replay_request`), so it follows that
+replay's semantics; with one engine and no lower tier a request is exactly one of its steps.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from numbakv.cascade import DEMOTE, Tiering, check_tiering, sent_down
 from numbakv.manager import CPUOffloadingManager
+from numbakv.tools.cli import Interrupted, runs_kept
+from numbakv.tools.fleet.routing import SESSION, route
 from numbakv.tools.progress import Progress
-from numbakv.tools.replay import replay_request
-from numbakv.tools.routing import SESSION, route
-
-DEMOTE = "demote"
-WRITE_THROUGH = "write-through"
-TIERINGS = (DEMOTE, WRITE_THROUGH)
+from numbakv.tools.replay.core import replay_request
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class FleetConfig:
     shared_capacity: int = 0
     policy: str = "lru"
     lower_policy: str = ""  # the disk and shared tiers' policy; "": the host's
-    tiering: str = DEMOTE
+    tiering: Tiering = DEMOTE
     route: str = SESSION
     store_threshold: int = 1
 
@@ -46,10 +45,7 @@ class FleetConfig:
             _check_whole(name, getattr(self, name), lowest=1)
         for name in ("disk_capacity", "shared_capacity"):
             _check_whole(name, getattr(self, name), lowest=0)
-        if self.tiering not in TIERINGS:
-            raise ValueError(
-                f"tiering: got {self.tiering!r}, expected one of {', '.join(TIERINGS)}"
-            )
+        check_tiering(self.tiering)
 
     @property
     def lower_tiers_policy(self) -> str:
@@ -80,15 +76,6 @@ class FleetResult:
     @property
     def hit_ratio(self) -> float:
         return self.hits / self.references if self.references else 0.0
-
-
-class FleetInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a fleet replay. `results` holds the runs finished and, last, the one cut
-    short (its `requests` counts the requests it replayed)."""
-
-    def __init__(self, results: list[FleetResult]) -> None:
-        super().__init__()
-        self.results = results
 
 
 class _Engine:
@@ -152,8 +139,7 @@ class Fleet:
         if any(tier != HOST for tier in found):
             # naming the whole run spares its blocks already in host memory from the eviction
             _, evicted, _ = _put(engine.host, chain[: len(found)])
-            if self.config.tiering == DEMOTE:
-                self._demote(engine_number, evicted)
+            self._send_down(engine_number, sent_down(self.config.tiering, (), evicted))
         list(engine.host.take_events())  # drop the promotion's: its blocks are below already
         hits, _ = replay_request(engine.host, chain)  # all of `found`, unless promotion failed
         for tier in found[:hits]:
@@ -162,10 +148,7 @@ class Fleet:
         stored, evicted = [], []
         for event in engine.host.take_events():
             (evicted if event.removed else stored).extend(event.block_hashes)
-        if self.config.tiering == DEMOTE:
-            self._demote(engine_number, evicted)
-        else:
-            self._write_through(engine_number, stored)
+        self._send_down(engine_number, sent_down(self.config.tiering, stored, evicted))
 
     def _locate(self, engine_number: int, chain: Sequence[int]) -> list[str]:
         """The tier that holds each block of the request's leading run of cached blocks."""
@@ -189,22 +172,15 @@ class Fleet:
             return SHARED_OWN if self._writer[block] == engine_number else SHARED_OTHER
         return None
 
-    def _demote(self, engine_number: int, evicted: Sequence[int]) -> None:
-        """Blocks evicted from host memory go to the engine's disk, and what that evicts (or
-        cannot take) to the shared tier."""
+    def _send_down(self, engine_number: int, blocks: Sequence[int]) -> None:
+        """Blocks host memory sends down go to the engine's disk, and what the disk sends down in
+        turn (what it evicted or could not take, when demoting) to the shared tier."""
         disk = self.engines[engine_number].disk
-        if disk is not None and evicted:
-            written, disk_evicted, refused = _put(disk, evicted)
+        if disk is not None and blocks:
+            written, evicted, refused = _put(disk, blocks)
             self.disk_writes += len(written)
-            evicted = disk_evicted + refused
-        self._put_shared(engine_number, evicted)
-
-    def _write_through(self, engine_number: int, stored: Sequence[int]) -> None:
-        """Blocks just stored in host memory are stored in every lower tier too."""
-        disk = self.engines[engine_number].disk
-        if disk is not None and stored:
-            self.disk_writes += len(_put(disk, stored)[0])
-        self._put_shared(engine_number, stored)
+            blocks = sent_down(self.config.tiering, blocks, evicted + refused)
+        self._put_shared(engine_number, blocks)
 
     def _put_shared(self, engine_number: int, blocks: Sequence[int]) -> None:
         if self.shared is None or not blocks:
@@ -250,30 +226,28 @@ def fleet_replay(
 ) -> FleetResult:
     """Route the chains to the fleet's engines and serve them in order, one at a time.
 
-    `progress` reports on stderr; Ctrl-C raises FleetInterrupted with the partial result."""
+    `progress` reports on stderr; Ctrl-C raises `Interrupted` with the partial result."""
     return fleet_grid(chains, [config], progress)[0]
 
 
 def fleet_grid(
     chains: Sequence[Sequence[int]], configs: Sequence[FleetConfig], progress: bool = False
 ) -> list[FleetResult]:
-    """One fleet replay per config, in order; Ctrl-C raises FleetInterrupted with the runs
-    finished and the one cut short."""
+    """One fleet replay per config, in order; Ctrl-C raises `Interrupted` with the runs finished
+    and the one cut short."""
     slot_limit = max(1, sum(map(len, chains)))
     routes: dict[tuple[int, str], list[int]] = {}
     results: list[FleetResult] = []
-    with Progress("replaying", len(configs) * len(chains), "req", enabled=progress) as meter:
-        try:
-            for number, config in enumerate(configs, start=1):
-                meter.describe(f"fleet {number} of {len(configs)}")
-                key = (config.engines, config.route)
-                if key not in routes:
-                    routes[key] = route(chains, config.engines, config.route)
-                results.append(_replay_one(chains, routes[key], Fleet(config, slot_limit), meter))
-        except FleetInterrupted as cut_short:
-            raise FleetInterrupted(results + cut_short.results) from None
-        except KeyboardInterrupt:  # between two runs
-            raise FleetInterrupted(results) from None
+    with (
+        Progress("replaying", len(configs) * len(chains), "req", enabled=progress) as meter,
+        runs_kept(results, len(chains)),
+    ):
+        for number, config in enumerate(configs, start=1):
+            meter.describe(f"fleet {number} of {len(configs)}")
+            key = (config.engines, config.route)
+            if key not in routes:
+                routes[key] = route(chains, config.engines, config.route)
+            results.append(_replay_one(chains, routes[key], Fleet(config, slot_limit), meter))
     return results
 
 
@@ -286,7 +260,8 @@ def _replay_one(
             fleet.serve(engine_number, chain)
             meter.update()
     except KeyboardInterrupt:
-        raise FleetInterrupted([fleet.result(time.perf_counter() - started)]) from None
+        partial = fleet.result(time.perf_counter() - started)
+        raise Interrupted([partial], len(chains)) from None
     return fleet.result(time.perf_counter() - started)
 
 

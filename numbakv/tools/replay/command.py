@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TextIO
 
 from numbakv.policies import POLICIES, resolve_policy
-from numbakv.tools.belady import BELADY
 from numbakv.tools.cli import (
+    Interrupted,
     Parser,
     comma_list,
     interrupted,
@@ -34,8 +34,10 @@ from numbakv.tools.cli import (
     print_hit_ratio,
     print_json,
 )
-from numbakv.tools.fleet_command import add_fleet_arguments, check_fleet, run_fleet, wants_fleet
-from numbakv.tools.planning import (
+from numbakv.tools.fleet.command import add_fleet_arguments, check_fleet, run_fleet, wants_fleet
+from numbakv.tools.replay.belady import BELADY
+from numbakv.tools.replay.core import ReplayResult, replay_grid
+from numbakv.tools.replay.planning import (
     BELADY_NOTE,
     Capacity,
     bytes_label,
@@ -44,9 +46,8 @@ from numbakv.tools.planning import (
     parse_capacity,
     plot_hit_ratios,
 )
-from numbakv.tools.replay import ReplayInterrupted, ReplayResult, replay_grid
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 
 PLOT_FORMATS = (".png", ".svg", ".pdf")
 BUILT_IN = "built-in multi-turn chat workload"
@@ -204,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = replay_grid(
             chains, plan.policies, [c.blocks for c in plan.capacities], args.store_threshold, True
         )
-    except ReplayInterrupted as cut_short:
+    except Interrupted as cut_short:
         results = cut_short.results
         runs = len(plan.policies) * len(plan.capacities)
         status = interrupted(parser.prog, _partial(results, runs, len(chains)))

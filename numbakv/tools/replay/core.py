@@ -2,7 +2,7 @@
 
 Each request is looked up, its hits loaded, its missing tail stored, and then it finishes, in
 vLLM 0.32's request order (docs/MANAGER.md, "Replay");
-`python3 -m numbakv.replay` is the command line over it (numbakv.tools.replay_command).
+`python3 -m numbakv.replay` is the command line over it (numbakv.tools.replay.command).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from numbakv.manager import CPUOffloadingManager
-from numbakv.tools.belady import BELADY, belady_hits
+from numbakv.tools.cli import Interrupted, runs_kept
 from numbakv.tools.progress import Progress
+from numbakv.tools.replay.belady import BELADY, belady_hits
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,6 @@ class ReplayResult:
     @property
     def block_operations_per_second(self) -> float:
         return self.block_operations / self.seconds if self.seconds > 0 else float("inf")
-
-
-class ReplayInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a replay. Still a KeyboardInterrupt; `results` holds the runs finished and,
-    last, the one cut short (its `requests` counts the requests it replayed)."""
-
-    def __init__(self, results: list[ReplayResult]) -> None:
-        super().__init__()
-        self.results = results
 
 
 def replay_request(manager: CPUOffloadingManager, chain: Sequence[int]) -> tuple[int, int]:
@@ -73,7 +65,7 @@ def replay(
 
     `policy="belady"` replays Belady's MIN instead (clairvoyant; no manager involved). A capacity
     beyond the trace's block references is never filled, so the manager gets only that many
-    slots. `progress` reports on stderr; Ctrl-C raises ReplayInterrupted with the partial result.
+    slots. `progress` reports on stderr; Ctrl-C raises `Interrupted` with the partial result.
     """
     with Progress("replaying", len(chains), "req", enabled=progress) as meter:
         return _replay(chains, policy, capacity, store_threshold, meter)
@@ -88,19 +80,17 @@ def replay_grid(
 ) -> list[ReplayResult]:
     """One replay per policy and capacity, policy by policy, capacities in the order given.
 
-    `progress` reports on the whole grid; Ctrl-C raises ReplayInterrupted with the runs finished
+    `progress` reports on the whole grid; Ctrl-C raises `Interrupted` with the runs finished
     and the one cut short."""
     runs = [(policy, capacity) for policy in policies for capacity in capacities]
     results: list[ReplayResult] = []
-    with Progress("replaying", len(runs) * len(chains), "req", enabled=progress) as meter:
-        try:
-            for number, (policy, capacity) in enumerate(runs, start=1):
-                meter.describe(f"{policy} at {capacity:,} blocks (run {number} of {len(runs)})")
-                results.append(_replay(chains, policy, capacity, store_threshold, meter))
-        except ReplayInterrupted as cut_short:
-            raise ReplayInterrupted(results + cut_short.results) from None
-        except KeyboardInterrupt:  # between two runs
-            raise ReplayInterrupted(results) from None
+    with (
+        Progress("replaying", len(runs) * len(chains), "req", enabled=progress) as meter,
+        runs_kept(results, len(chains)),
+    ):
+        for number, (policy, capacity) in enumerate(runs, start=1):
+            meter.describe(f"{policy} at {capacity:,} blocks (run {number} of {len(runs)})")
+            results.append(_replay(chains, policy, capacity, store_threshold, meter))
     return results
 
 
@@ -127,7 +117,7 @@ def _replay(
             meter.update()
     except KeyboardInterrupt:
         partial = _manager_result(manager, policy, capacity, requests, block_operations, started)
-        raise ReplayInterrupted([partial]) from None
+        raise Interrupted([partial], len(chains)) from None
     return _manager_result(manager, policy, capacity, requests, block_operations, started)
 
 
@@ -161,7 +151,7 @@ def _replay_belady(chains: Sequence[Sequence[int]], capacity: int, meter: Progre
     try:
         hits, references, evictions = belady_hits(chains, capacity, meter)
     except KeyboardInterrupt:  # MIN keeps no partial result
-        raise ReplayInterrupted([]) from None
+        raise Interrupted([], len(chains)) from None
     return ReplayResult(
         policy=BELADY,
         capacity=capacity,

@@ -1,5 +1,5 @@
 """`python3 -m numbakv.replay --engines N`: the replay command's fleet options, their checks and
-the fleet's report (numbakv.tools.replay_command hands over to it when one is given).
+the fleet's report (numbakv.tools.replay.command hands over to it when one is given).
 
     python3 -m numbakv.replay TRACE --engines 4 --capacity 64GiB --disk-capacity 0,2TB \
         --shared-capacity 0,1TB --block-bytes 64MiB [--route session|round-robin] \
@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from numbakv.cascade import TIERINGS
 from numbakv.policies import resolve_policy
-from numbakv.tools.belady import BELADY
 from numbakv.tools.cli import (
+    Interrupted,
     Parser,
     comma_list,
     interrupted,
@@ -25,16 +26,17 @@ from numbakv.tools.cli import (
     print_hit_ratio,
     print_json,
 )
-from numbakv.tools.fleet import TIERINGS, FleetConfig, FleetInterrupted, FleetResult, fleet_grid
-from numbakv.tools.fleet_planning import (
+from numbakv.tools.fleet.core import FleetConfig, FleetResult, fleet_grid
+from numbakv.tools.fleet.planning import (
     NONE,
     FleetSizes,
     describe_fleet,
     format_fleet_table,
     plot_fleet,
 )
-from numbakv.tools.planning import Capacity, bytes_label, parse_capacity
-from numbakv.tools.routing import ROUTES, SESSION
+from numbakv.tools.fleet.routing import ROUTES, SESSION
+from numbakv.tools.replay.belady import BELADY
+from numbakv.tools.replay.planning import Capacity, bytes_label, parse_capacity
 
 _NO_TIER = ("0", "none")
 
@@ -177,7 +179,7 @@ def run_fleet(
     status = 0
     try:
         results = fleet_grid(chains, plan.configs, progress=True)
-    except FleetInterrupted as cut_short:
+    except Interrupted as cut_short:
         results = cut_short.results
         done = sum(result.requests == len(chains) for result in results)
         status = interrupted(parser.prog, f"after {done} of {len(plan.configs)} fleets")
