@@ -24,7 +24,7 @@ from queue import SimpleQueue
 import numpy as np
 
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
-from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS
+from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS, no_durations
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy
 from numbakv.tiers.breaker import CircuitBreaker
 from numbakv.tiers.chunk_format import (
@@ -46,10 +46,10 @@ UNLOADABLE_LIMIT = 1 << 16
 
 @dataclass(slots=True)
 class Latency:
-    """A histogram of durations: counts per bucket of `DURATION_BUCKETS_SECONDS` (the last past
-    every bound, not cumulative) and their sum."""
+    """A histogram of durations: counts per bucket of the metrics' `DURATION_BUCKETS_SECONDS`
+    (the last past every bound, not cumulative), as a transfer job's, and their sum."""
 
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
+    buckets: list[int] = field(default_factory=no_durations)
     seconds: float = 0.0
 
     def observe(self, seconds: float) -> None:
