@@ -84,6 +84,20 @@ class DictBackend(ChunkBackend):
             self.values.pop(key, None)
 
 
+class SlowLoads(DictBackend):
+    """Loads wait for `load_gate` (and say they have begun); stores go through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_gate = threading.Event()
+        self.loading = threading.Event()
+
+    def read_into(self, keys, payloads, header_bytes):
+        self.loading.set()
+        self.load_gate.wait()
+        return super().read_into(keys, payloads, header_bytes)
+
+
 def random_pool(rows: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (rows, CHUNK_BYTES), dtype=np.uint8)
 
@@ -225,6 +239,24 @@ def test_a_slow_store_answers_misses_at_the_deadline():
     finally:
         backend.gate.set()
     assert tier.contains(KEYS) == [True] * 4
+
+
+def test_waiting_for_a_job_waits_for_it_alone():
+    backend = SlowLoads()
+    tier = tier_over(backend)
+    tier.submit_store(1, KEYS[:2], [0, 1])
+    finished(tier)
+    try:
+        tier.submit_load(2, KEYS[:1], [2])
+        tier.submit_store(3, KEYS[2:], [2, 3])
+        tier.wait(3)
+        tier.wait(4)  # never submitted: nothing to wait for
+        assert [job.job_id for job in tier.take_finished()] == [3]
+        assert not backend.load_gate.is_set()
+    finally:
+        backend.load_gate.set()
+    tier.wait(2)
+    assert [job.job_id for job in tier.take_finished()] == [2]
 
 
 def test_an_unreachable_store_gives_misses_and_failed_jobs_never_exceptions():

@@ -166,7 +166,7 @@ class ChunkTier:
         self._unloadable: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self._finished: SimpleQueue[FinishedJob] = SimpleQueue()
-        self._pending: set[Future] = set()
+        self._pending: dict[Future, Hashable] = {}  # jobs submitted and not finished: their ids
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
         self._io_threads = ThreadPoolExecutor(io_threads, thread_name_prefix="numbakv-tier-io")
@@ -232,6 +232,16 @@ class ChunkTier:
             finished.append(self._finished.get())
         return finished
 
+    def wait(self, job_id: Hashable) -> None:
+        """Wait until the job `job_id` has finished (its result waits in `take_finished`); at once
+        if it has, or was never submitted."""
+        with self._lock:
+            pending = [
+                future for future, pending_id in self._pending.items() if pending_id == job_id
+            ]
+        for future in pending:
+            future.exception()  # waits; jobs report their own failures
+
     def drain(self) -> None:
         """Wait until every submitted job has finished (its result waits in `take_finished`)."""
         while True:
@@ -272,12 +282,12 @@ class ChunkTier:
     ) -> None:
         future = self._io_threads.submit(self._run, work, direction, job_id, keys, rows)
         with self._lock:
-            self._pending.add(future)
+            self._pending[future] = job_id
         future.add_done_callback(self._forget)
 
     def _forget(self, future: Future) -> None:
         with self._lock:
-            self._pending.discard(future)
+            self._pending.pop(future, None)
 
     def _count_late(self) -> None:
         with self._lock:
