@@ -99,7 +99,8 @@ class KVOffloader:
         self._jobs: dict[int, tuple[Direction, list, np.ndarray]] = {}
         self._job_ids = count()
         self._finished: list[FinishedJob] = []
-        self._waiting: set[int] = set()  # engine jobs held until a demotion frees their slots
+        # Engine jobs held until a demotion frees their slots: the demotion each waits for.
+        self._waiting: dict[int, int] = {}
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
         """How many leading blocks the host pool can load; None: ask again after a `poll`.
@@ -194,7 +195,7 @@ class KVOffloader:
             if demotion is None:
                 self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
             else:
-                self._waiting.add(job_id)
+                self._waiting[job_id] = demotion
                 self._cascade.after_demotion(
                     demotion,
                     partial(
@@ -208,7 +209,7 @@ class KVOffloader:
         return job_id
 
     def _enqueue_waiting(self, job_id, direction, gpu_ids, host_ids, wait_event) -> None:
-        self._waiting.discard(job_id)
+        del self._waiting[job_id]
         try:
             self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
         except Exception:  # any refusal fails the job, reported by poll
@@ -225,10 +226,11 @@ class KVOffloader:
     def wait(self, job_id: int) -> bool:
         """Block until the job finishes; returns its success. It is still reported by `poll`."""
         while job_id in self._jobs:
-            if job_id in self._waiting:
-                self.tier.drain()  # the demotion its host slots wait for
-            else:
+            demotion = self._waiting.get(job_id)
+            if demotion is None:
                 self.transfers.wait(job_id)
+            else:
+                self.tier.wait(demotion)  # its host slots' old blocks on their way down
             self._collect()
         reported = [job.success for job in self._finished if job.job_id == job_id]
         if not reported:
@@ -305,8 +307,9 @@ class KVOffloader:
 
     def completion_event(self, job_id: int) -> Any | None:
         """What the compute stream waits on before it reads a load's blocks (None once done)."""
-        if job_id in self._waiting:  # a store whose slots are being demoted: hand it over now
-            self.tier.drain()
+        demotion = self._waiting.get(job_id)
+        if demotion is not None:  # a store whose slots are being demoted: hand it over now
+            self.tier.wait(demotion)
             self._collect()
         return self.transfers.completion_event(job_id) if job_id in self._jobs else None
 

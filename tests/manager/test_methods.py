@@ -2,6 +2,7 @@
 
 import pickle
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -347,6 +348,35 @@ def test_policy_loaded_by_import_path():
     manager = CPUOffloadingManager(16, 2, cache_policy="tests.manager.test_methods:MostRecentFirst")
     stored(manager, [1, 2])
     assert manager.prepare_store([3]).block_hashes_evicted == [2]
+
+
+class ShownStoreMisses(MostRecentFirst):
+    """Notes the new blocks each call of `on_store_miss` shows it (in a list all its kind share)."""
+
+    reads_store_misses = True
+    shown: ClassVar[list] = []
+
+    def on_store_miss(self, block_hashes):
+        self.shown.append(list(block_hashes))
+
+
+class IgnoresStoreMisses(ShownStoreMisses):
+    reads_store_misses = False
+    shown: ClassVar[list] = []
+
+
+@pytest.mark.parametrize(
+    "policy, shown", [(ShownStoreMisses, [[1, 2], [3]]), (IgnoresStoreMisses, [])]
+)
+def test_a_requests_new_blocks_are_shown_once_only_to_a_policy_that_reads_them(policy, shown):
+    policy.shown.clear()
+    manager = CPUOffloadingManager(16, 4, cache_policy=f"tests.test_manager:{policy.__name__}")
+    request = manager.begin_request()
+    manager.prepare_store([1, 2], request)
+    manager.prepare_store([1, 2, 3], request)  # 1 and 2 are being stored: only 3 is new
+    assert policy.shown == shown
+    assert request.store_misses == {h for blocks in shown for h in blocks}
+    assert [name for name, p in POLICIES.items() if p.reads_store_misses] == ["arc"]
 
 
 def test_lru_ranks_a_running_requests_blocks_by_position_tails_first_where_it_knows_them():

@@ -7,8 +7,8 @@ from multiprocessing import get_context
 import numpy as np
 import pytest
 
-from numbakv.tools.demo.core import DemoConfig, run_engines
 from numbakv.tools.demo.command import main as demo_main
+from numbakv.tools.demo.core import DemoConfig, run_engines
 from tests.support.redis_servers import needs_redis, redis_server
 
 HOST_BLOCKS = 4

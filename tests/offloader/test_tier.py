@@ -5,6 +5,7 @@ The tier's store is a dict in this process (tests/support/tiers.py): these tests
 what the offloader wires; two processes over a real directory are in test_processes.py.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ from numbakv.offloader import KVOffloader
 from numbakv.tiers import ChunkTier
 from numbakv.tiers.chunk_format import HEADER_BYTES
 from tests.support.datapath_cases import make_cache
-from tests.support.tiers import DictBackend, namespace
+from tests.support.tiers import DictBackend, SlowLoads, namespace
 
 HOST_BLOCKS = 4
 
@@ -100,6 +101,31 @@ def test_a_store_into_slots_being_demoted_waits_for_the_demotion(rig):
     assert rig.backend.values[b"a"][HEADER_BYTES:] == demoted_row.tobytes()
     assert rig.settled_lookup([b"a", b"e"]) == 2
     rig.load_and_check([b"a", b"e"], [0, 4])
+
+
+def test_waiting_for_a_store_waits_for_its_slots_demotion_not_for_every_tier_job():
+    rig = Rig(backend=SlowLoads())
+    offloader, backend = rig.offloader, rig.backend
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e"], [4]))  # evicts a: demoted
+    offloader.drain()
+    assert offloader.lookup([b"a"]) is None  # the tier is asked
+    offloader.drain()
+    assert offloader.lookup([b"a"]) is None  # it holds a: its promotion evicts b
+    release = threading.Timer(10, backend.load_gate.set)  # a regression waits, then fails
+    release.start()
+    try:
+        while not backend.loading.wait(0.01):  # b's demotion lands, then a's promotion starts
+            offloader.poll()
+        job = offloader.store([b"x"], [5])  # evicts c: waits for c's demotion
+        assert offloader.wait(job)
+        assert not backend.load_gate.is_set()  # the promotion is still under way
+    finally:
+        backend.load_gate.set()
+        release.cancel()
+    assert b"c" in backend.values
+    assert rig.settled_lookup([b"a", b"x"]) == 2
+    rig.load_and_check([b"a", b"x"], [0, 5])
 
 
 def test_a_block_on_its_way_down_is_asked_for_again_not_missed(rig):

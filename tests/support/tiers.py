@@ -70,6 +70,20 @@ class DictBackend(ChunkBackend):
             self.values.pop(key, None)
 
 
+class SlowLoads(DictBackend):
+    """Loads wait for `load_gate` (and say they have begun); stores go through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_gate = threading.Event()
+        self.loading = threading.Event()
+
+    def read_into(self, keys, payloads, header_bytes):
+        self.loading.set()
+        self.load_gate.wait()
+        return super().read_into(keys, payloads, header_bytes)
+
+
 def random_pool(rows: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (rows, CHUNK_BYTES), dtype=np.uint8)
 

@@ -24,6 +24,7 @@ from numbakv.tiers.chunk_format import (
 from tests.support.tiers import (
     CHUNK_BYTES,
     DictBackend,
+    SlowLoads,
     finished,
     namespace,
     random_pool,
@@ -157,6 +158,24 @@ def test_a_slow_store_answers_misses_at_the_deadline():
     finally:
         backend.gate.set()
     assert tier.contains(KEYS) == [True] * 4
+
+
+def test_waiting_for_a_job_waits_for_it_alone():
+    backend = SlowLoads()
+    tier = tier_over(backend)
+    tier.submit_store(1, KEYS[:2], [0, 1])
+    finished(tier)
+    try:
+        tier.submit_load(2, KEYS[:1], [2])
+        tier.submit_store(3, KEYS[2:], [2, 3])
+        tier.wait(3)
+        tier.wait(4)  # never submitted: nothing to wait for
+        assert [job.job_id for job in tier.take_finished()] == [3]
+        assert not backend.load_gate.is_set()
+    finally:
+        backend.load_gate.set()
+    tier.wait(2)
+    assert [job.job_id for job in tier.take_finished()] == [2]
 
 
 def test_an_unreachable_store_gives_misses_and_failed_jobs_never_exceptions():
