@@ -1,6 +1,7 @@
 """vLLM's own offloading tests against numbakv: fetch them from the installed release's source
 distribution on the package index, verify it, unpack only its tests/, and run the files
-tests/vllm_peer/numbakv_vllm_peer.py names for that release (docs/VLLM.md, "vLLM's own tests").
+tests/integrations/vllm/peer/numbakv_vllm_peer.py names for that release (docs/VLLM.md, "vLLM's own
+tests").
 
     .venv-vllm/bin/python .ci/vllm_peer_tests.py [WORKDIR]
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import vllm
 
 ROOT = Path(__file__).resolve().parent.parent
-PLUGIN_DIR = ROOT / "tests" / "vllm_peer"
+PLUGIN_DIR = ROOT / "tests" / "integrations" / "vllm" / "peer"
 INDEX = "https://pypi.org/simple/vllm/"
 INDEX_JSON = "application/vnd.pypi.simple.v1+json"  # the index's JSON form (PEP 691)
 

@@ -23,9 +23,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 from numbakv import POLICIES, CPUOffloadingManager
-from numbakv.tools.replay import replay_request
+from numbakv.tools.replay.core import replay_request
 from numbakv.tools.traces import read_hash_chains
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 
 CHAIN = 32  # blocks per call, about one 16k-token prompt of 512-token blocks
 FILLS = 6  # capacities stored before memory is measured: sarc remembers the last 5

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from numbakv import CPUOffloadingManager
-from numbakv.tools.replay import replay_request
+from numbakv.tools.replay.core import replay_request
 from numbakv.tools.traces import read_hash_chains
 
 NUMBAKV_POLICIES = ("lru", "arc", "s3fifo", "sieve", "sarc")

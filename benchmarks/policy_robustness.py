@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from numbakv.tools.replay import replay_grid
-from numbakv.tools.workloads import WORKLOADS
+from numbakv.tools.replay.core import replay_grid
+from numbakv.tools.workloads.core import WORKLOADS
 
 CAPACITIES = (1000, 2000, 5000, 10_000, 20_000, 30_000, 40_000)
 RIVALS = ("lru", "arc")

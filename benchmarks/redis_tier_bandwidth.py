@@ -243,7 +243,7 @@ def scheduler_rows(url: str) -> list[dict]:
     """vLLM's scheduler thread in `NumbaKVRedisTier` for a 64-chunk prefix, per step, ms."""
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 
-    from tests.tier_engine import engine, keys_of, store
+    from tests.support.tier_engine import engine, keys_of, store
 
     config = {"type": "NumbaKVRedisTier", "module_path": "numbakv.integrations.vllm", "url": url}
     spec = engine("benchmark-scheduler", config)

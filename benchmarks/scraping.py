@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.servers import free_port, sidecar  # the repository root is on the path now
+from tests.support.servers import free_port, sidecar  # the repository root is on the path now
 
 TIMEOUT_S = 2.0
 """A scrape not answered in this long fails (the image's health check allows the sidecar as long)."""

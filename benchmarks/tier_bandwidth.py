@@ -132,7 +132,7 @@ def vllm_fs_run(setup: Setup) -> dict[str, float]:
         from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
         from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-        from tests.vllm_support import offloading_config
+        from tests.support.vllm_support import offloading_config
     except ImportError as error:
         raise SourceUnavailable(f"vLLM does not import ({error})") from error
     config = offloading_config(

@@ -37,7 +37,7 @@ from numbakv.integrations.vllm.config import Settings
 from numbakv.integrations.vllm.scheduler import NumbaKVOffloadingManager
 from numbakv.integrations.vllm.spec import build_scheduler_manager
 from numbakv.tools.traces import read_hash_chains
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 
 SIDES = ("vllm", "numbakv")
 VLLMS_OWN = ("lru", "arc")  # the policies vLLM ships: numbakv must answer as they do

@@ -189,7 +189,10 @@ class CPUOffloadingManager:
         return RequestAccess(self, self._generation, positions=positions)
 
     def _record(
-        self, request: RequestAccess, block_hashes: list[BlockHash], reused: list[BlockHash]
+        self,
+        request: RequestAccess,
+        block_hashes: Sequence[BlockHash],
+        reused: Collection[BlockHash],
     ) -> None:
         """Note a request's blocks; with positions, show the policy those it names first."""
         if request.positions is None:
@@ -322,28 +325,29 @@ class CPUOffloadingManager:
         """
         hashes = _hash_list(block_hashes)
         get, ref_counts = self._policy.get, self._ref_counts
+        # One pass: the hashes not cached, and the ready ones by block id (an eviction spares
+        # them); duplicates fold, and a hash being stored is in neither.
+        new: dict[BlockHash, None] = {}
+        ready: dict[BlockHash, int] = {}
         try:
-            unique = dict.fromkeys(hashes)
+            for block_hash in hashes:
+                block_id = get(block_hash)
+                if block_id is None:
+                    new[block_hash] = None
+                elif ref_counts[block_id] >= 0:
+                    ready[block_hash] = block_id
         except TypeError as error:
             raise _hash_error("prepare_store", hashes, error) from None
         if self._offers is not None:
             self._record_offers(hashes)
-        to_store = []
-        ready = []
-        for block_hash in unique:
-            block_id = get(block_hash)
-            if block_id is None:
-                to_store.append(block_hash)
-            elif ref_counts[block_id] >= 0:
-                ready.append(block_hash)
-        named_cached = len(to_store) < len(unique)
+        to_store = list(new)
         if self._offers is not None and to_store:
             offers, threshold = self._offers, self.store_threshold
             admitted = [h for h in to_store if offers.get(h, 0) >= threshold]
             self._stores_skipped += len(to_store) - len(admitted)
             to_store = admitted
         if request is not None and self.is_current(request):
-            self._observe_store(request, unique, to_store, ready)
+            self._observe_store(request, hashes, to_store, ready)
         if not to_store:
             return StorePlan([], HostBlocks(), [])
 
@@ -351,7 +355,7 @@ class CPUOffloadingManager:
         evicted: list[BlockHash] = []
         evicted_ids = HostBlocks()
         if shortfall > 0:
-            victims = self._evict(shortfall, unique if named_cached else ())
+            victims = self._evict(shortfall, ready)
             if victims is None:
                 self._refused_store_blocks += len(to_store)
                 return None
@@ -370,22 +374,26 @@ class CPUOffloadingManager:
     def _observe_store(
         self,
         request: RequestAccess,
-        offered: Collection[BlockHash],
+        offered: Sequence[BlockHash],
         to_store: list[BlockHash],
-        ready: list[BlockHash],
+        ready: Collection[BlockHash],
     ) -> None:
         """Record the offer (the blocks to store and those found ready, in the order offered),
-        show the policy the request's new blocks it has not seen yet, and give a policy that
-        touches before storing its one touch of the request."""
+        show a policy that reads them the request's new blocks it has not seen yet, and give a
+        policy that touches before storing its one touch of the request."""
         if not ready:
-            self._record(request, to_store, ready)
-        else:
-            noted = set(to_store).union(ready)
-            self._record(request, [h for h in offered if h in noted], ready)
-        misses = [h for h in to_store if h not in request.store_misses]
-        if misses:
-            self._policy.on_store_miss(misses)
-            request.store_misses.update(misses)
+            noted = to_store
+        elif len(to_store) + len(ready) == len(offered):  # each block once, to store or ready
+            noted = offered
+        else:  # repeats, or blocks being stored or not admitted (left out)
+            storing = set(to_store)
+            noted = [h for h in offered if h in ready or h in storing]
+        self._record(request, noted, ready)
+        if self._policy.reads_store_misses:
+            misses = [h for h in to_store if h not in request.store_misses]
+            if misses:
+                self._policy.on_store_miss(misses)
+                request.store_misses.update(misses)
         if to_store and self._policy.touches_before_storing and not request.touched:
             request.touched = True
             self._policy.touch(list(request.blocks))
@@ -406,19 +414,19 @@ class CPUOffloadingManager:
         return slots
 
     def _evict(
-        self, shortfall: int, named: Collection[BlockHash]
+        self, shortfall: int, spared: dict[BlockHash, int]
     ) -> tuple[list[BlockHash], HostBlocks] | None:
-        """Free `shortfall` slots, sparing the cached hashes in `named`; None if it cannot.
+        """Free `shortfall` slots, sparing the ready blocks in `spared` (hash -> block id); None
+        if it cannot.
 
         Returns the victims' hashes and their slots."""
         if shortfall > self._num_idle:  # fail fast, without looking at any block
             return None
-        get, ref_counts = self._policy.get, self._ref_counts
-        protected = {h: block_id for h in named if (block_id := get(h)) is not None}
-        idle_protected = sum(ref_counts[block_id] == 0 for block_id in protected.values())
-        if shortfall > self._num_idle - idle_protected:
+        ref_counts = self._ref_counts
+        idle_spared = sum(ref_counts[block_id] == 0 for block_id in spared.values())
+        if shortfall > self._num_idle - idle_spared:
             return None
-        evicted, freed = zip(*self._policy.evict(shortfall, protected.keys()))
+        evicted, freed = zip(*self._policy.evict(shortfall, spared.keys()))
         for block_id in freed:
             ref_counts[block_id] = NOT_READY
         self._free_slots += freed

@@ -6,72 +6,34 @@ its blocks ready, a failed one frees them (nothing half-written ever becomes rea
 load releases its pins. Engines with separate scheduler and worker processes ship the manager's
 plain specs across instead (see docs/OFFLOADER.md).
 
-With a second tier (a `numbakv.tiers.ChunkTier` over the same host pool) it also wires the tier
-in: blocks reach it by demotion or write-through, a host miss the tier holds is promoted into host
-memory off the engine's thread, and `flush_to_tier` hands host memory's blocks down before the
-engine goes away.
+With a second tier (a `numbakv.tiers.ChunkTier` over the same host pool) it hands the tier's side
+to a `numbakv.cascade.Cascade`: blocks reach the tier by demotion or write-through, a host miss the
+tier holds is promoted into host memory off the engine's thread, and `flush_to_tier` hands host
+memory's blocks down before the engine goes away. The offloader holds back a copy into host slots
+whose evicted blocks are still being demoted.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from functools import partial
 from itertools import count
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from numbakv.cascade import DEMOTE, Cascade, TierFlush, Tiering, check_tiering
 from numbakv.jobs import Direction, FinishedJob
 from numbakv.manager import CPUOffloadingManager
-from numbakv.specs import BlockHash, StorePlan
+from numbakv.specs import BlockHash
 
 if TYPE_CHECKING:
-    from numbakv.tiers import ChunkTier, TierLookup
+    from numbakv.tiers import ChunkTier
 
 logger = logging.getLogger("numbakv.offloader")
 
 OffloadMode = Literal["eager", "lazy"]
-Tiering = Literal["demote", "write-through"]
-DEMOTE: Tiering = "demote"
-WRITE_THROUGH: Tiering = "write-through"
-TIERINGS = (DEMOTE, WRITE_THROUGH)
-_PROMOTE = "promote"  # the tier job kinds besides the two tierings
-_FLUSH = "flush"
-MAX_TIER_LOOKUPS = 4096
-"""Tier lookups kept under way at once; past it the oldest is forgotten (its request asks anew)."""
-FLUSH_BATCH_BLOCKS = 64
-"""Blocks a flush hands the tier in one job: several jobs keep the tier's I/O threads busy."""
-
-
-def tier_key(block_hash: BlockHash) -> bytes:
-    """The key a block is kept under in a tier: bytes as they are, an int as 8 bytes
-    (little-endian, signed), so engines hashing either way share a tier with their own kind."""
-    if isinstance(block_hash, bytes) and block_hash:
-        return block_hash
-    if isinstance(block_hash, (int, np.integer)) and not isinstance(block_hash, bool):
-        try:
-            return int(block_hash).to_bytes(8, "little", signed=True)
-        except OverflowError:
-            pass
-    raise ValueError(
-        "block_hashes must be non-empty bytes or 64-bit ints to be kept in a tier, got "
-        f"{block_hash!r}"
-    )
-
-
-@dataclass(frozen=True)
-class TierFlush:
-    """What `KVOffloader.flush_to_tier` handed down: how many host blocks the tier took, and the
-    hashes of those it failed to store (still in host memory only; a later flush retries them)."""
-
-    stored: int
-    failed: tuple[BlockHash, ...] = ()
-
-    @property
-    def success(self) -> bool:
-        return not self.failed
 
 
 class Transfers(Protocol):
@@ -108,7 +70,8 @@ class KVOffloader:
     `tier`, a `ChunkTier` over this engine's host pool (its rows are the host blocks), is a second
     tier below host memory. `tiering` says how blocks reach it: "demote" (a block evicted from
     host memory is copied down before its slot is reused; the default, it keeps more hits) or
-    "write-through" (every stored block is copied down before it becomes ready).
+    "write-through" (every stored block is copied down before it becomes ready). Its rules are
+    `numbakv.cascade`'s.
     """
 
     def __init__(
@@ -121,41 +84,23 @@ class KVOffloader:
     ) -> None:
         if mode not in ("eager", "lazy"):
             raise ValueError(f"mode must be 'eager' or 'lazy', got {mode!r}")
-        if tiering not in TIERINGS:
-            raise ValueError(f"tiering must be 'demote' or 'write-through', got {tiering!r}")
+        check_tiering(tiering)
         if manager.num_blocks > transfers.num_host_blocks:
             raise ValueError(
                 f"the manager hands out {manager.num_blocks} host blocks, the transfer engine's "
                 f"host pool has {transfers.num_host_blocks}: size them alike"
             )
-        if tier is not None and tier.num_rows < manager.num_blocks:
-            raise ValueError(
-                f"the manager hands out {manager.num_blocks} host blocks, the tier reads and "
-                f"writes {tier.num_rows} host-pool rows: build the tier over the engine's host pool"
-            )
+        self._cascade = None if tier is None else Cascade(manager, tier, tiering)
         self.manager = manager
         self.transfers = transfers
         self.mode = mode
         self.tier = tier
-        self.tiering = tiering
         # Engine jobs in flight: direction, block hashes, host ids.
         self._jobs: dict[int, tuple[Direction, list, np.ndarray]] = {}
         self._job_ids = count()
         self._finished: list[FinishedJob] = []
-        # Tier jobs in flight: kind, block hashes, host ids (for a demotion, the evicted rows).
-        self._tier_jobs: dict[int, tuple[str, list, np.ndarray]] = {}
-        self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
-        self._waiting: set[int] = set()  # engine jobs not handed to the transfer engine yet
-        self._promoting: set[BlockHash] = set()
-        self._demoting: set[BlockHash] = set()  # evicted, on their way down: ask again soon
-        # Tier lookups under way, by a request's first host miss: the lookup, the hashes asked.
-        self._tier_lookups: dict[BlockHash, tuple[TierLookup, list]] = {}
-        # With a tier, by host slot: the hash the offloader last put there, and whether the tier
-        # holds that block too (promoted, written through or flushed), so evicting or flushing it
-        # again copies nothing down.
-        slots = manager.num_blocks if tier is not None else 0
-        self._slot_hashes = np.empty(slots, dtype=object)
-        self._below = np.zeros(slots, dtype=bool)
+        # Engine jobs held until a demotion frees their slots: the demotion each waits for.
+        self._waiting: dict[int, int] = {}
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
         """How many leading blocks the host pool can load; None: ask again after a `poll`.
@@ -166,9 +111,9 @@ class KVOffloader:
         thread; a failed promotion is a miss.
         """
         hits = self.manager.lookup(block_hashes)
-        if self.tier is None or hits == len(block_hashes):
+        if self._cascade is None or hits == len(block_hashes):
             return hits
-        return self._promote(list(block_hashes)[hits:], hits)
+        return self._cascade.promote(list(block_hashes)[hits:], hits)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         """Tell the host tier's policy the engine is using these blocks (first = most recent)."""
@@ -185,9 +130,8 @@ class KVOffloader:
         `wait_event` holds the copy back until the engine's compute has written the blocks.
         """
         gpu_ids = self._checked_gpu_ids(Direction.STORE, block_hashes, gpu_block_ids)
-        if self.tier is not None:
-            for block_hash in block_hashes:
-                tier_key(block_hash)
+        if self._cascade is not None:
+            self._cascade.check_keys(block_hashes)
         output = self.manager.prepare_store(block_hashes)
         if output is None or not output.block_hashes_to_store:
             return None
@@ -245,13 +189,18 @@ class KVOffloader:
         being demoted, once the demotion has finished (`_collect` does)."""
         job_id = next(self._job_ids)
         try:  # host ids come from the manager, sized to the pool: the gpu ids are checked
-            demotion = self._take_slots(plan)
+            demotion = None
+            if self._cascade is not None and plan is not None:
+                demotion = self._cascade.place(plan)
             if demotion is None:
                 self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
             else:
-                self._waiting.add(job_id)
-                self._after_demotion[demotion] = partial(
-                    self._enqueue_waiting, job_id, direction, gpu_ids, host_ids, wait_event
+                self._waiting[job_id] = demotion
+                self._cascade.after_demotion(
+                    demotion,
+                    partial(
+                        self._enqueue_waiting, job_id, direction, gpu_ids, host_ids, wait_event
+                    ),
                 )
         except Exception:
             self._settle(direction, block_hashes, success=False)
@@ -260,99 +209,13 @@ class KVOffloader:
         return job_id
 
     def _enqueue_waiting(self, job_id, direction, gpu_ids, host_ids, wait_event) -> None:
-        self._waiting.discard(job_id)
+        del self._waiting[job_id]
         try:
             self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
         except Exception:  # any refusal fails the job, reported by poll
             logger.exception("numbakv offloader: job %s could not be queued", job_id)
             self._settle(direction, self._jobs.pop(job_id)[1], success=False)
             self._finished.append(FinishedJob(job_id, direction, False, 0, 0.0))
-
-    def _take_slots(self, plan: StorePlan | None) -> int | None:
-        """Note which blocks `plan` puts in which host slots, and copy the blocks it evicted down
-        to the tier unless it holds them already; the tier job id, None if none."""
-        if self.tier is None or plan is None:
-            return None
-        rows = plan.evicted_block_ids.block_ids
-        below = self._below[rows]  # read before the new blocks take the victims' slots
-        slots = plan.store_spec.block_ids
-        self._slot_hashes[slots] = plan.block_hashes_to_store
-        self._below[slots] = False
-        if self.tiering != DEMOTE or below.all():
-            return None
-        evicted = plan.block_hashes_evicted
-        if below.any():
-            evicted = [h for h, known in zip(evicted, below.tolist()) if not known]
-            rows = rows[~below]
-        self._demoting.update(evicted)
-        return self._tier_job(DEMOTE, evicted, rows)
-
-    def _tier_job(self, kind: str, block_hashes: list, host_ids: np.ndarray) -> int:
-        job_id = next(self._job_ids)
-        keys = [tier_key(block_hash) for block_hash in block_hashes]
-        submit = self.tier.submit_load if kind == _PROMOTE else self.tier.submit_store
-        submit(job_id, keys, host_ids)
-        self._tier_jobs[job_id] = (kind, block_hashes, host_ids)
-        return job_id
-
-    def _promote(self, missed: list, hits: int) -> int | None:
-        """Start promoting the leading `missed` blocks the tier holds; `hits` if there are none."""
-        if missed[0] in self._promoting:
-            return None
-        if self.manager.is_being_stored(missed[0]):
-            return hits  # the engine is storing it: it still has it
-        held = self._held_below(missed)
-        if held is None:
-            return None
-        stats = self.manager.stats()  # what host memory can take: free and evictable slots
-        held = min(held, stats.free + stats.used - stats.being_stored - stats.being_read)
-        if held < 1:
-            return hits
-        plan = self.manager.prepare_store(missed[:held])
-        if plan is None or not plan.block_hashes_to_store:
-            return hits  # no room in host memory (every block pinned or being stored)
-        promoted = plan.block_hashes_to_store
-        try:
-            start = partial(self._tier_job, _PROMOTE, promoted, plan.store_spec.block_ids)
-            demotion = self._take_slots(plan)
-            if demotion is None:
-                start()
-            else:
-                self._after_demotion[demotion] = start
-        except Exception:
-            self.manager.complete_store(promoted, success=False)
-            raise
-        self._promoting.update(promoted)
-        return None
-
-    def _held_below(self, missed: list) -> int | None:
-        """How many leading `missed` blocks the tier holds; None while it is being asked.
-
-        The first call for a request (named by its first miss) starts the tier's lookup; a later
-        one takes the answer, or misses once the deadline has passed (the tier counts them late).
-        """
-        if missed[0] in self._demoting:
-            return None  # in neither host memory nor the tier until its demotion lands
-        asked = self._tier_lookups.pop(missed[0], None)
-        if asked is None:
-            if len(self._tier_lookups) >= MAX_TIER_LOOKUPS:
-                del self._tier_lookups[next(iter(self._tier_lookups))]
-            lookup = self.tier.lookup([tier_key(block_hash) for block_hash in missed])
-            self._tier_lookups[missed[0]] = (lookup, missed)
-            return None
-        lookup, asked_hashes = asked
-        answer = lookup.answer()
-        if answer is None:
-            self._tier_lookups[missed[0]] = asked
-            return None
-        held = 0
-        for wanted, asked_hash, found in zip(missed, asked_hashes, answer):
-            if wanted != asked_hash or not found:
-                break
-            held += 1
-        if held < len(missed) and missed[held] in self._demoting:
-            return None  # the answer predates that block's demotion: ask again once it lands
-        return held
 
     def poll(self) -> list[FinishedJob]:
         """The jobs finished since the last poll, with the manager updated."""
@@ -363,10 +226,11 @@ class KVOffloader:
     def wait(self, job_id: int) -> bool:
         """Block until the job finishes; returns its success. It is still reported by `poll`."""
         while job_id in self._jobs:
-            if job_id in self._waiting:
-                self.tier.drain()  # the demotion its host slots wait for
-            else:
+            demotion = self._waiting.get(job_id)
+            if demotion is None:
                 self.transfers.wait(job_id)
+            else:
+                self.tier.wait(demotion)  # its host slots' old blocks on their way down
             self._collect()
         reported = [job.success for job in self._finished if job.job_id == job_id]
         if not reported:
@@ -377,13 +241,13 @@ class KVOffloader:
         """Wait for every job in flight, the tier's jobs and lookups too (at shutdown, say);
         returns what `poll` would."""
         self._finish_jobs()
-        for lookup, _ in self._tier_lookups.values():
-            lookup.answer(wait=True)
+        if self._cascade is not None:
+            self._cascade.answer_lookups()
         return self.poll()
 
     def _finish_jobs(self) -> None:
         """Wait for every engine and tier job in flight and settle it; `poll` reports them."""
-        while self._jobs or self._tier_jobs:
+        while self._jobs or (self._cascade is not None and self._cascade.busy):
             if self._jobs:
                 self.wait(next(iter(self._jobs)))
             else:
@@ -401,31 +265,10 @@ class KVOffloader:
         never raised: host memory keeps the blocks, and a later flush retries them. Without a
         tier there is nothing to do.
         """
-        if self.tier is None:
+        if self._cascade is None:
             return TierFlush(stored=0)
         self._finish_jobs()
-        rows = self.manager.ready_block_ids().block_ids
-        rows = rows[~self._below[rows]]
-        hashes = self._slot_hashes[rows].tolist()
-        for start in range(0, len(rows), FLUSH_BATCH_BLOCKS):
-            batch = rows[start : start + FLUSH_BATCH_BLOCKS]
-            try:
-                self._tier_job(_FLUSH, hashes[start : start + len(batch)], batch)
-            except Exception:  # a tier that refuses the job (closed, say) fails its blocks
-                logger.exception(
-                    "numbakv offloader: the tier refused to flush %d blocks", len(batch)
-                )
-        self._finish_jobs()
-        left = ~self._below[rows]
-        failed = tuple(h for h, lost in zip(hashes, left.tolist()) if lost) if left.any() else ()
-        if failed:
-            logger.warning(
-                "numbakv offloader: %d of %d host blocks could not be flushed to the tier; they "
-                "are in host memory only",
-                len(failed),
-                len(rows),
-            )
-        return TierFlush(stored=len(rows) - len(failed), failed=failed)
+        return self._cascade.flush()
 
     def reset(self) -> list[FinishedJob]:
         """Forget every cached block, safely while jobs are in flight; returns what `poll` would.
@@ -437,44 +280,24 @@ class KVOffloader:
         """
         finished = self.drain()
         self.manager.reset_cache()
-        self._below[:] = False
+        if self._cascade is not None:
+            self._cascade.forget()
         return finished
 
     def _collect(self) -> None:
-        if self.tier is not None:
-            for job in self.tier.take_finished():
-                self._settle_tier_job(job)
+        if self._cascade is not None:
+            self._cascade.collect()
         for job in self.transfers.get_finished():
             direction, block_hashes, host_ids = self._jobs.pop(job.job_id)
-            if direction is Direction.STORE and job.success and self._writes_through:
-                self._tier_job(WRITE_THROUGH, block_hashes, host_ids)  # ready once it is down
-            else:
+            written_through = (  # then ready once the tier has it
+                direction is Direction.STORE
+                and job.success
+                and self._cascade is not None
+                and self._cascade.write_through(block_hashes, host_ids)
+            )
+            if not written_through:
                 self._settle(direction, block_hashes, job.success)
             self._finished.append(job)
-
-    @property
-    def _writes_through(self) -> bool:
-        return self.tier is not None and self.tiering == WRITE_THROUGH
-
-    def _settle_tier_job(self, job: FinishedJob) -> None:
-        """A tier job is the offloader's own: the engine sees its effect, never the job."""
-        kind, block_hashes, host_ids = self._tier_jobs.pop(job.job_id)
-        if kind == DEMOTE:  # done or failed, the evicted blocks' slots are free to overwrite
-            self._demoting.difference_update(block_hashes)
-            self._after_demotion.pop(job.job_id)()
-            return
-        moved = np.ones(len(host_ids), dtype=bool)
-        if job.failed_keys:
-            failed = set(job.failed_keys)
-            moved = np.array([tier_key(h) not in failed for h in block_hashes], dtype=bool)
-        self._below[host_ids[moved]] = True  # the tier holds these blocks of host memory too
-        if kind == WRITE_THROUGH:  # the host copy is good whether the tier kept one or not
-            self.manager.complete_store(block_hashes, success=True)
-        elif kind == _PROMOTE:  # a failed promotion is a miss, never wrong bytes
-            lost = [h for h, ok in zip(block_hashes, moved.tolist()) if not ok]
-            self.manager.complete_store(lost, success=False)
-            self.manager.complete_store(block_hashes, success=True)
-            self._promoting.difference_update(block_hashes)
 
     def _settle(self, direction: Direction, block_hashes: list, success: bool) -> None:
         if direction is Direction.STORE:
@@ -484,8 +307,9 @@ class KVOffloader:
 
     def completion_event(self, job_id: int) -> Any | None:
         """What the compute stream waits on before it reads a load's blocks (None once done)."""
-        if job_id in self._waiting:  # a store whose slots are being demoted: hand it over now
-            self.tier.drain()
+        demotion = self._waiting.get(job_id)
+        if demotion is not None:  # a store whose slots are being demoted: hand it over now
+            self.tier.wait(demotion)
             self._collect()
         return self.transfers.completion_event(job_id) if job_id in self._jobs else None
 

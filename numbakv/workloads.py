@@ -1,6 +1,6 @@
-"""`python3 -m numbakv.workloads`: the command of numbakv.tools.workloads."""
+"""`python3 -m numbakv.workloads`: the command of numbakv.tools.workloads.command."""
 
-from numbakv.tools.workloads import main
+from numbakv.tools.workloads.command import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -54,10 +54,10 @@ SIMULATOR_LAUNCH = MappingProxyType({"threads_per_block": 32, "max_thread_blocks
 """Launch options for Numba's CUDA simulator, which runs every thread in Python: one warp in two
 thread blocks keeps it quick (the engine's defaults took 8 times as long in the demo)."""
 DEFAULT_THREADS_PER_BLOCK = MappingProxyType({Direction.STORE: 128, Direction.LOAD: 1024})
-"""Threads of each thread block by default, per direction (measured on an H200, docs/BENCHMARKS.md):
-a store's writes are posted, so 16 blocks of 128 threads reach the link's rate and slow the
-compute beside them 7 times less than 16 of 1024; a load's reads wait a round trip each, and
-need 16 of 1024 to keep enough of them in flight."""
+"""Threads of each thread block by default, per direction (measured on an H200,
+docs/benchmarks/datapath.md): a store's writes are posted, so 16 blocks of 128 threads reach the
+link's rate and slow the compute beside them 7 times less than 16 of 1024; a load's reads wait a
+round trip each, and need 16 of 1024 to keep enough of them in flight."""
 ZERO_COPY, STAGED = "zero_copy", "staged"
 PATHS = (ZERO_COPY, STAGED)
 DEFAULT_PATHS = MappingProxyType({Direction.STORE: STAGED, Direction.LOAD: STAGED})

@@ -21,9 +21,10 @@ Export has two modes, picked by prometheus-client's own switch, ``PROMETHEUS_MUL
 The modules, one responsibility each: :mod:`~numbakv.metrics.definitions` (the table of metrics
 that drives both exporters), :mod:`~numbakv.metrics.recording` (transfer jobs),
 :mod:`~numbakv.metrics.collector` (in-process export), :mod:`~numbakv.metrics.writer`
-(multi-process export), :mod:`~numbakv.metrics.offload` (:class:`OffloadMetrics`, which picks one),
-and the directory's :mod:`~numbakv.metrics.directory`, :mod:`~numbakv.metrics.liveness` and
-:mod:`~numbakv.metrics.compaction`.
+(multi-process export), :mod:`~numbakv.metrics.reported` (what a series last reported: the
+writer's and the vLLM adapters' deltas), :mod:`~numbakv.metrics.offload` (:class:`OffloadMetrics`,
+which picks one), and the directory's :mod:`~numbakv.metrics.directory`,
+:mod:`~numbakv.metrics.liveness` and :mod:`~numbakv.metrics.compaction`.
 
 Imports prometheus-client, the standard library and the job vocabulary (`numbakv.jobs`) only: the
 sidecar's image has no NumPy or Numba.
@@ -49,6 +50,7 @@ from numbakv.metrics.definitions import (
 )
 from numbakv.metrics.offload import ENABLED_ENV, OffloadMetrics, metrics_enabled, multiprocess_mode
 from numbakv.metrics.recording import TransferRecorder, TransferTotals
+from numbakv.metrics.reported import ReportedSeries
 from numbakv.metrics.writer import MultiprocessWriter
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "ManagerLike",
     "MultiprocessWriter",
     "OffloadMetrics",
+    "ReportedSeries",
     "ScrapeCollector",
     "Source",
     "TierLike",

@@ -45,7 +45,15 @@ DURATION_BUCKETS_SECONDS = (
     1.0,
     2.5,
 )
-"""Upper bounds of the transfer-duration histogram (a job moves a batch of blocks: 100 us to seconds)."""
+"""Upper bounds of the duration histograms, of transfer jobs and of a tier's calls (a job moves a
+batch of blocks: 100 us to seconds)."""
+
+
+def no_durations() -> list[int]:
+    """The counts of a duration histogram before its first observation: one per bucket of
+    :data:`DURATION_BUCKETS_SECONDS` and one past every bound (per bucket, not cumulative)."""
+    return [0] * (len(DURATION_BUCKETS_SECONDS) + 1)
+
 
 MANAGER_LABELS = ("policy", "instance")
 TRANSFER_LABELS = ("direction", "instance")

@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from numbakv.metrics.definitions import DIRECTIONS, DURATION_BUCKETS_SECONDS
+from numbakv.metrics.definitions import DIRECTIONS, DURATION_BUCKETS_SECONDS, no_durations
 
 if TYPE_CHECKING:  # the sidecar's image holds numbakv/metrics/ alone
     from numbakv.jobs import FinishedJob
@@ -25,7 +25,7 @@ class TransferTotals:
     failed_jobs: int = 0
     nbytes: int = 0
     """Bytes of successful jobs."""
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
+    buckets: list[int] = field(default_factory=no_durations)
     """Jobs per duration bucket (per bucket, not cumulative; the last one past every bound)."""
     seconds: float = 0.0
     """The sum of the jobs' durations."""

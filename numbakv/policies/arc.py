@@ -20,6 +20,7 @@ class ARCPolicy(CachePolicy):
     """
 
     touches_before_storing = False  # vLLM's order: see request_finished
+    reads_store_misses = True  # a ghost among a request's new blocks moves p
 
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         super().__init__(capacity, ref_counts)

@@ -27,6 +27,10 @@ class CachePolicy(ABC):
     request's new blocks against that touch. LRU and ARC say False: they follow vLLM 0.32, which
     inserts at the store and applies the request when it finishes (`request_finished`)."""
 
+    reads_store_misses: bool = False
+    """Whether `on_store_miss` does anything: the manager keeps a request's store misses, and
+    calls it, only for a policy that says True (ARC)."""
+
     def __init__(self, capacity: int, ref_counts: Sequence[int]) -> None:
         self.capacity = capacity
         self.ref_counts = ref_counts
@@ -51,7 +55,8 @@ class CachePolicy(ABC):
         """
 
     def on_store_miss(self, block_hashes: Sequence[BlockHash]) -> None:
-        """New blocks a request is about to store, shown once per request, before they go in.
+        """New blocks a request is about to store, shown once per request, before they go in;
+        called only when `reads_store_misses` is True.
 
         Nothing by default; ARC moves its target here when one of them is a ghost.
         """

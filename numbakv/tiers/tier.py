@@ -24,7 +24,7 @@ from queue import SimpleQueue
 import numpy as np
 
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
-from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS
+from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS, no_durations
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy
 from numbakv.tiers.breaker import CircuitBreaker
 from numbakv.tiers.chunk_format import (
@@ -46,10 +46,10 @@ UNLOADABLE_LIMIT = 1 << 16
 
 @dataclass(slots=True)
 class Latency:
-    """A histogram of durations: counts per bucket of `DURATION_BUCKETS_SECONDS` (the last past
-    every bound, not cumulative) and their sum."""
+    """A histogram of durations: counts per bucket of the metrics' `DURATION_BUCKETS_SECONDS`
+    (the last past every bound, not cumulative), as a transfer job's, and their sum."""
 
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
+    buckets: list[int] = field(default_factory=no_durations)
     seconds: float = 0.0
 
     def observe(self, seconds: float) -> None:
@@ -166,7 +166,7 @@ class ChunkTier:
         self._unloadable: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self._finished: SimpleQueue[FinishedJob] = SimpleQueue()
-        self._pending: set[Future] = set()
+        self._pending: dict[Future, Hashable] = {}  # jobs submitted and not finished: their ids
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
         self._io_threads = ThreadPoolExecutor(io_threads, thread_name_prefix="numbakv-tier-io")
@@ -232,6 +232,16 @@ class ChunkTier:
             finished.append(self._finished.get())
         return finished
 
+    def wait(self, job_id: Hashable) -> None:
+        """Wait until the job `job_id` has finished (its result waits in `take_finished`); at once
+        if it has, or was never submitted."""
+        with self._lock:
+            pending = [
+                future for future, pending_id in self._pending.items() if pending_id == job_id
+            ]
+        for future in pending:
+            future.exception()  # waits; jobs report their own failures
+
     def drain(self) -> None:
         """Wait until every submitted job has finished (its result waits in `take_finished`)."""
         while True:
@@ -272,12 +282,12 @@ class ChunkTier:
     ) -> None:
         future = self._io_threads.submit(self._run, work, direction, job_id, keys, rows)
         with self._lock:
-            self._pending.add(future)
+            self._pending[future] = job_id
         future.add_done_callback(self._forget)
 
     def _forget(self, future: Future) -> None:
         with self._lock:
-            self._pending.discard(future)
+            self._pending.pop(future, None)
 
     def _count_late(self) -> None:
         with self._lock:

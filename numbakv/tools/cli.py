@@ -10,12 +10,14 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 if TYPE_CHECKING:
-    from numbakv.tools.fleet import FleetResult
-    from numbakv.tools.replay import ReplayResult
+    from numbakv.tools.fleet.core import FleetResult
+    from numbakv.tools.replay.core import ReplayResult
 
 INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (128 + SIGINT)
 MISSING_EXTRA = 2  # like bad input: the command cannot start as asked; the pip line says why
@@ -84,6 +86,29 @@ def missing_extra(prog: str, feature: str, extra: str) -> NoReturn:
     """Exit with one line naming the pip command that installs what `feature` needs."""
     sys.stderr.write(f"{prog}: error: {feature} needs the '{extra}' extra: {install_hint(extra)}\n")
     raise SystemExit(MISSING_EXTRA)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while a tool works; still a KeyboardInterrupt. `results` holds the runs finished
+    and, last, the one cut short (its own count of requests says how far it got); `requests` is
+    how many requests a whole run serves."""
+
+    def __init__(self, results: list, requests: int) -> None:
+        super().__init__()
+        self.results = results
+        self.requests = requests
+
+
+@contextmanager
+def runs_kept(results: list, requests: int) -> Iterator[None]:
+    """Ctrl-C inside raises `Interrupted` with `results` (the runs finished so far), followed by
+    the run cut short when the interruption carried one."""
+    try:
+        yield
+    except Interrupted as cut_short:
+        raise Interrupted(results + cut_short.results, requests) from None
+    except KeyboardInterrupt:  # between two runs
+        raise Interrupted(results, requests) from None
 
 
 def interrupted(prog: str, what: str) -> int:

@@ -28,7 +28,7 @@ from typing import TextIO
 
 import numpy as np
 
-from numbakv.tools.workloads import BLOCK_TOKENS
+from numbakv.tools.workloads.core import BLOCK_TOKENS
 
 HOST, DISK, SHARED = "host", "disk", "shared"
 TIERS = (HOST, DISK, SHARED)  # fastest first

@@ -7,7 +7,7 @@ import pytest
 from numbakv.datapath import HostPool, LayoutKind, TransferEngine, transfer
 from numbakv.datapath.staging import Staging
 from numbakv.jobs import Direction
-from tests.datapath_cases import GPU_POISON, HOST_POISON, finish, make_cache
+from tests.support.datapath_cases import GPU_POISON, HOST_POISON, finish, make_cache
 
 NUM_HOST_BLOCKS = 7
 STAGED_BOTH = {"store": "staged", "load": "staged"}

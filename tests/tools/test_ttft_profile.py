@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbakv.tools.fleet import FleetConfig, fleet_grid
-from numbakv.tools.replay import replay_grid
-from numbakv.tools.replay_command import main
+from numbakv.tools.fleet.core import FleetConfig, fleet_grid
+from numbakv.tools.replay.command import main
+from numbakv.tools.replay.core import replay_grid
 from numbakv.tools.ttft_profile import DISK, HOST, SHARED, ProfileError, TTFTProfile, worth
-from numbakv.tools.workloads import multi_turn_chat
+from numbakv.tools.workloads.core import multi_turn_chat
 
 ROWS = [
     {"path": "recompute", "prompt_tokens": 1024, "ttft_ms": 40.0},

@@ -9,8 +9,9 @@ the same module path: `{"type": "NumbaKVRedisTier", "module_path": "numbakv.inte
 "url": "redis://host:6379/0"}` or `{"type": "NumbaKVDiskTier", ..., "root_dir": "/mnt/nvme/kv",
 "bytes_to_use": 1099511627776}` in `secondary_tiers` (docs/TIERS.md).
 
-The spec and the tiers are imported on first access, so the worker's transfer core (`.transfers`, which needs
-neither vLLM nor its scheduler) stays importable where vLLM is not installed. See docs/VLLM.md.
+The spec and the tiers are imported on first access, so `.tensors` (vLLM's canonical KV tensors as
+the arrays of the worker's transfer core, `numbakv.datapath.chunks`; it needs torch, not vLLM)
+stays importable where vLLM is not installed. See docs/VLLM.md.
 """
 
 from __future__ import annotations

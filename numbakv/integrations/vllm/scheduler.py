@@ -10,6 +10,7 @@ runs in vLLM's scheduler.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
@@ -35,6 +36,7 @@ from numbakv.integrations.vllm.compat import RANKS_BY_POSITION
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.manager import CPUOffloadingManager
 from numbakv.metrics import OffloadMetrics
+from numbakv.metrics.reported import ReportedSeries
 from numbakv.request_access import RequestAccess
 
 
@@ -61,7 +63,7 @@ class NumbaKVOffloadingManager(OffloadingManager):
         self._failures_pending = False  # whether _events holds a failed store's announcement
         self._lookup = manager.lookup
         self._allocation_sizes: list[int] = []  # chunks each store asked for, since get_stats
-        self._stores_skipped = 0  # the manager's count when get_stats last reported it
+        self._stores_skipped = ReportedSeries(attrgetter("stores_skipped"), "counter")
         self._refused_store_blocks = manager.stats().refused_store_blocks  # as of the last refusal
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -168,11 +170,9 @@ class NumbaKVOffloadingManager(OffloadingManager):
         for size in self._allocation_sizes:
             result.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
         self._allocation_sizes.clear()
-        if self.manager.store_threshold >= 2:
-            result.increase_counter(
-                CPUOffloadingMetrics.STORES_SKIPPED, stats.stores_skipped - self._stores_skipped
-            )
-            self._stores_skipped = stats.stores_skipped
+        if self.manager.store_threshold >= 2:  # vLLM reports none skipped too
+            skipped = self._stores_skipped.change(stats) or 0
+            result.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped)
         return result
 
     def reset_cache(self) -> None:

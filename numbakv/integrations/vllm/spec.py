@@ -126,8 +126,8 @@ def build_scheduler_manager(
     config_info: Mapping[str, Any] | None = None,
 ) -> NumbaKVOffloadingManager:
     """numbakv's manager under vLLM's interface, as the spec builds it in vLLM's scheduler (and
-    vLLM's own manager tests build it, through tests/vllm_peer). `config_info`: the labels of
-    vLLM 0.33's `vllm:kv_offload_config_info`."""
+    vLLM's own manager tests build it, through tests/integrations/vllm/peer). `config_info`: the
+    labels of vLLM 0.33's `vllm:kv_offload_config_info`."""
     manager = CPUOffloadingManager(
         block_size=block_size,
         num_blocks=num_chunks,

@@ -1,4 +1,4 @@
-"""A numbakv tier below host memory as one of vLLM 0.32's secondary tiers (`SecondaryTierManager`).
+"""A numbakv tier below host memory as one of vLLM's secondary tiers (`SecondaryTierManager`).
 
 vLLM's `TieringOffloadingSpec` keeps its own CPU tier first and cascades stored chunks to each
 secondary tier, promoting them back on a lookup hit. `ChunkTierManager` is that contract over a
@@ -40,6 +40,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from numbakv.integrations.vllm.process_metrics import start_process_metrics
 from numbakv.jobs import Direction
 from numbakv.metrics.definitions import Definition, Source, definition_of
+from numbakv.metrics.reported import ReportedSeries
 from numbakv.tiers import ChunkBackend, ChunkTier, Namespace
 from numbakv.tiers.tier import (
     DEFAULT_BREAKER_COOLDOWN_S,
@@ -153,7 +154,12 @@ class ChunkTierManager(SecondaryTierManager):
         self._lookups = _Lookups(self.tier, tier_type)
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
         self._events: list[OffloadingEvent] | None = [] if emit else None
-        self._reported: dict[tuple[str, tuple[str, ...]], int] = {}  # what get_stats reported
+        # What get_stats reports: each series' vLLM name, labels, and what it last reported.
+        self._reported = [
+            (vllm_name(definition), (tier_type, *extra), ReportedSeries(read, definition.type))
+            for definition in VLLM_TIER_METRICS
+            for extra, read in definition.series()
+        ]
 
     @classmethod
     @abstractmethod
@@ -279,15 +285,11 @@ class ChunkTierManager(SecondaryTierManager):
         """numbakv's counters since the last call, and the breaker's state."""
         stats = OffloadingConnectorStats()
         counters = self.tier.counters
-        for definition in VLLM_TIER_METRICS:
-            name = vllm_name(definition)
-            for extra, read in definition.series():
-                value, labels = read(counters), (self.tier_type, *extra)
-                if definition.type == "gauge":
-                    stats.set_gauge(name, value, labels)
-                elif delta := value - self._reported.get((name, extra), 0):
-                    stats.increase_counter(name, delta, labels)
-                    self._reported[(name, extra)] = value
+        for name, labels, series in self._reported:
+            if series.type == "gauge":  # set in every report, changed or not
+                stats.set_gauge(name, series.read(counters), labels)
+            elif (delta := series.change(counters)) is not None:
+                stats.increase_counter(name, delta, labels)
         return stats
 
 

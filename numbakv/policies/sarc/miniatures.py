@@ -56,7 +56,8 @@ class SightingMiniature:
     classes, stores that stay in flight. T1 and T2 map each hash to its clock tick, in recency
     order; stored blocks are ranked as they are stored (the first of a request the most recent).
     It hits, ranks and evicts exactly as `SightingARCPolicy(size, ..., setting)` does under that
-    replay (tests/test_miniatures.py replays both, the policy through tests/miniature.py).
+    replay (tests/manager/test_miniatures.py replays both, the policy through
+    tests/support/miniature.py).
     """
 
     def __init__(self, size: int, bound: float, returns_to_t2: bool, ghost_memory: int) -> None:

@@ -1,0 +1,196 @@
+"""Capacity planning: host capacities in blocks or bytes, and hit ratios by capacity as a table
+or a plot, in the units the capacities were given in."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from numbakv.tools.replay.belady import BELADY
+from numbakv.tools.replay.core import ReplayResult
+
+# Unit spellings as printed; parsing ignores case ("64gib" is 64 GiB).
+BYTE_UNITS = {
+    "B": 1,
+    "kB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+MAX_BLOCKS = 2**63 - 1  # host block ids are int64
+_BY_CASE = {unit.upper(): unit for unit in BYTE_UNITS}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+BELADY_NOTE = (
+    "belady: Belady's MIN, the clairvoyant bound: it knows every future request, "
+    "so no real policy can beat it"
+)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A host capacity in blocks, and the size it was asked for in (`number` `unit`), if any."""
+
+    blocks: int
+    number: str = ""  # as given: "16", "1.5"
+    unit: str = ""  # a BYTE_UNITS key; "" for a capacity given in blocks
+
+    @property
+    def label(self) -> str:
+        return f"{self.number} {self.unit}" if self.unit else f"{self.blocks:,}"
+
+    @property
+    def size_bytes(self) -> float:
+        """The size asked for, in bytes (0 for a capacity given in blocks)."""
+        return float(self.number) * BYTE_UNITS[self.unit] if self.unit else 0.0
+
+
+def parse_size(text: str, what: str) -> tuple[str, str]:
+    """(number, unit) of `10000` (unit "") or `64GiB`; ValueError saying what `what` expects."""
+    match = _SIZE.match(text)
+    if match is None or not math.isfinite(float(match.group(1))):
+        raise ValueError(f"got {text!r}, expected {what}")
+    number, unit = match.groups()
+    if unit and unit.upper() not in _BY_CASE:
+        raise ValueError(f"got {text!r}: unit {unit!r} is not one of {', '.join(BYTE_UNITS)}")
+    return number, _BY_CASE.get(unit.upper(), "")
+
+
+def parse_block_bytes(text: str) -> int:
+    """Bytes of one KV block: `2097152` or `2MiB`."""
+    number, unit = parse_size(text, "a whole number of bytes (2097152) or a size (2MiB)")
+    size = float(number) * BYTE_UNITS[unit or "B"]
+    if size < 1 or size != int(size):
+        raise ValueError(f"got {text!r}, expected a whole number of bytes >= 1")
+    return int(size)
+
+
+def parse_capacity(text: str, block_bytes: int | None = None) -> Capacity:
+    """A capacity of `10000` blocks, or of a size such as `64GiB` or `1.5TB` given `block_bytes`."""
+    number, unit = parse_size(text, "a number of blocks (10000) or a size (64GiB)")
+    if not unit:
+        if "." in number:
+            raise ValueError(f"got {text!r}, expected a whole number of blocks")
+        capacity = Capacity(int(number))
+    elif block_bytes is None:
+        raise ValueError(f"got {text!r}, a size: give --block-bytes too")
+    else:
+        capacity = Capacity(int(float(number) * BYTE_UNITS[unit]) // block_bytes, number, unit)
+    if capacity.blocks < 1:
+        raise ValueError(f"got {text!r}, expected at least one block")
+    if capacity.blocks > MAX_BLOCKS:
+        raise ValueError(
+            f"got {text!r}, expected at most {MAX_BLOCKS:,} blocks (host block ids are 64-bit)"
+        )
+    return capacity
+
+
+def bytes_label(n: int) -> str:
+    """`64 MiB` for a whole number of binary units, else `1,234,567 bytes`."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if n >= BYTE_UNITS[unit] and n % BYTE_UNITS[unit] == 0:
+            return f"{n // BYTE_UNITS[unit]:,} {unit}"
+    return f"{n:,} bytes"
+
+
+def format_table(
+    results: Sequence[ReplayResult],
+    policies: Sequence[str],
+    capacities: Sequence[Capacity],
+    block_bytes: int | None = None,
+    requests: int | None = None,
+) -> str:
+    """Hit ratios, one row per policy, one column per capacity in its own unit (blocks beneath
+    a size), then microseconds per block reference; a note on Belady's row when there is one.
+    A run that replayed fewer than `requests` requests (cut short) is marked partial, one not
+    replayed at all is a dash."""
+    by_run = {(result.policy, result.capacity): result for result in results}
+    sized = any(capacity.unit for capacity in capacities)
+    blocks = [f"{capacity.blocks:,} blk" if sized else "" for capacity in capacities]
+    width = 2 + max(10, *(len(c.label) for c in capacities), *(len(b) for b in blocks))
+    name_width = 2 + max(8, *(len(policy) for policy in policies))
+    of_blocks = f" (blocks of {bytes_label(block_bytes)})" if sized and block_bytes else ""
+    lines = [
+        f"hit ratio by host capacity{of_blocks}",
+        "policy".ljust(name_width)
+        + "".join(capacity.label.rjust(width) for capacity in capacities)
+        + "us/ref".rjust(9),
+    ]
+    if sized:
+        lines.append(" " * name_width + "".join(text.rjust(width) for text in blocks))
+    for policy in policies:
+        runs = [by_run[key] for c in capacities if (key := (policy, c.blocks)) in by_run]
+        seconds = sum(run.seconds for run in runs)
+        references = sum(run.references for run in runs)
+        cells = "".join(
+            _cell(by_run[policy, c.blocks], requests).rjust(width)
+            if (policy, c.blocks) in by_run
+            else "-".rjust(width)
+            for c in capacities
+        )
+        lines.append(
+            policy.ljust(name_width) + cells + f"{1e6 * seconds / max(references, 1):9.2f}"
+        )
+    if BELADY in policies:
+        lines.append(BELADY_NOTE)
+    cut = [result for result in results if requests is not None and result.requests < requests]
+    for result in cut:
+        lines.append(
+            f"* partial: {result.policy} at {result.capacity:,} blocks stopped after "
+            f"{result.requests:,} of {requests:,} requests"
+        )
+    if len(results) < len(policies) * len(capacities):
+        lines.append("- not replayed")
+    return "\n".join(lines)
+
+
+def _cell(result: ReplayResult, requests: int | None) -> str:
+    partial = requests is not None and result.requests < requests
+    return f"{result.hit_ratio:.4f}" + ("*" if partial else "")
+
+
+def plot_hit_ratios(
+    results: Sequence[ReplayResult],
+    capacities: Sequence[Capacity],
+    path: str,
+    title: str = "",
+) -> None:
+    """Write a picture (PNG, SVG or PDF, by `path`'s suffix) of hit ratio against capacity, one
+    line per policy, capacity in the unit of the first one given (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit = capacities[0].unit
+    x_of = {c.blocks: c.size_bytes / BYTE_UNITS[unit] if unit else c.blocks for c in capacities}
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for policy in dict.fromkeys(result.policy for result in results):
+        runs = sorted((r for r in results if r.policy == policy), key=lambda r: r.capacity)
+        style = {"color": "black", "linestyle": "--"} if policy == BELADY else {}
+        axes.plot(
+            [x_of[run.capacity] for run in runs],
+            [run.hit_ratio for run in runs],
+            marker="o",
+            markersize=3,
+            label="belady (clairvoyant bound)" if policy == BELADY else policy,
+            **style,
+        )
+    axes.set_xscale("log")
+    axes.set_xticks([x_of[c.blocks] for c in capacities], [c.label for c in capacities])
+    axes.minorticks_off()
+    axes.set_xlabel(f"host capacity ({unit or 'blocks'})")
+    axes.set_ylabel("hit ratio (block references)")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    if title:
+        axes.set_title(title)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -1,0 +1,102 @@
+"""A call the manager refuses changes nothing: it is checked whole before any state moves."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from numbakv import POLICIES, CPUOffloadingManager
+from numbakv.tools.replay.core import replay_request
+
+UNHASHABLE = [[1, 2], {3: 4}, {5}, bytearray(b"ab")]
+METHODS = ["lookup", "touch", "prepare_store", "complete_store", "prepare_load", "complete_load"]
+CHAINS = st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=5), max_size=25)
+
+
+def prepared(policy: str, capacity: int, chains: list[list[int]], loading: bool = False):
+    """A manager after a replay of `chains` (and, with `loading`, a load begun on up to three
+    ready blocks); the same arguments give the same state (every policy is deterministic)."""
+    manager = CPUOffloadingManager(1, capacity, policy, enable_events=True)
+    observed(manager, chains)
+    ready = [h for h in range(16) if manager.lookup([h])][:3]
+    if loading and ready:
+        manager.prepare_load(ready)
+    return manager, ready
+
+
+def observed(manager: CPUOffloadingManager, chains: list[list[int]]) -> list:
+    """What a manager answers to a replay, then its counters, gauges and policy gauges."""
+    answers = [replay_request(manager, chain) for chain in chains]
+    return [answers, list(manager.take_events()), manager.stats(), manager.policy_stats()]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(sorted(POLICIES)),
+    before=CHAINS,
+    after=CHAINS,
+    method=st.sampled_from(METHODS),
+    bad=st.sampled_from(UNHASHABLE),
+    call=st.lists(st.integers(0, 15), min_size=1, max_size=6),
+    position=st.integers(0, 6),
+)
+def test_a_call_with_an_unhashable_hash_changes_nothing(
+    policy, before, after, method, bad, call, position
+):
+    """Wherever the bad hash sits (before or after hashes the call would act on), the call
+    raises a TypeError that names it, and the manager then behaves exactly as a copy taken
+    before the call: same hits and stores, events, counters and policy state."""
+    loading = method == "complete_load"
+    manager, ready = prepared(policy, 6, before, loading)
+    twin, _ = prepared(policy, 6, before, loading)
+    if loading:
+        call = ready or [0]
+    position = min(position, len(call))
+    with pytest.raises(TypeError, match=rf"block_hashes\[{position}\].*{type(bad).__name__}"):
+        getattr(manager, method)([*call[:position], bad, *call[position:]])
+    assert observed(manager, after) == observed(twin, after)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_touch_with_an_unhashable_hash_leaves_the_order_alone(policy):
+    """The case that was broken: LRU, ARC, S3-FIFO and SIEVE applied the hashes they met before
+    the bad one (sarc noted the chain's length), so later evictions differed."""
+    manager, _ = prepared(policy, 3, [[1], [2], [3]])
+    twin, _ = prepared(policy, 3, [[1], [2], [3]])
+    with pytest.raises(TypeError, match=r"block_hashes\[1\]"):
+        manager.touch([1, [4], 2, 3])
+    after = [[9], [10], [2], [3], [1]]  # which of 1, 2, 3 survive shows their order
+    assert observed(manager, after) == observed(twin, after)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("num_blocks", 2**70), ("num_blocks", 2**40), ("block_size", 2**70)],
+)
+def test_an_absurd_size_is_refused_by_name(argument, value):
+    kwargs = {"block_size": 16, "num_blocks": 4, argument: value}
+    with pytest.raises(ValueError, match=rf"{argument} must be at most"):
+        CPUOffloadingManager(**kwargs)
+
+
+def test_the_largest_capacity_is_named_in_the_error():
+    with pytest.raises(ValueError, match=r"2\*\*31"):
+        CPUOffloadingManager(1, 2**40)
+
+
+def test_a_type_error_not_about_hashing_passes_through_as_it_is():
+    """Every hash is hashable here; their comparison fails. That error is not reworded as an
+    unhashable hash."""
+
+    class Incomparable:
+        def __hash__(self) -> int:
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            raise TypeError("cannot compare")
+
+    manager = CPUOffloadingManager(1, 4)
+    with pytest.raises(TypeError, match="^cannot compare$"):
+        manager.prepare_store([Incomparable(), Incomparable()])
+    assert manager.stats().used == 0

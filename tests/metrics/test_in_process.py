@@ -1,0 +1,92 @@
+"""Every metric against a known sequence of manager and transfer operations, in-process export."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import timeit
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from numbakv.jobs import FinishedJob
+from numbakv.metrics import DURATION_BUCKETS_SECONDS, OffloadMetrics
+from tests.support.metrics_fakes import EXPECTED, FakeManager, run_workload
+
+
+def samples(registry) -> dict:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+    }
+
+
+def check_expected(got: dict) -> None:
+    for key, value in EXPECTED.items():
+        assert got.get(key) == pytest.approx(value), key
+
+
+def test_in_process_export_matches_the_workload():
+    registry = CollectorRegistry()
+    manager = FakeManager()
+    metrics = OffloadMetrics(manager, instance="gpu0", registry=registry, enabled=True)
+    run_workload(manager, metrics)
+    check_expected(samples(registry))
+    assert len([b for b in DURATION_BUCKETS_SECONDS]) + 1 == len(
+        [k for k in samples(registry) if k[0].endswith("_bucket") and ("direction", "load") in k[1]]
+    )
+
+
+def test_lru_exports_no_arc_series():
+    registry = CollectorRegistry()
+    OffloadMetrics(FakeManager(policy_name="lru"), instance="gpu0", registry=registry, enabled=True)
+    names = {name for name, _ in samples(registry)}
+    assert "numbakv_lookups_total" in names and not any(n.startswith("numbakv_arc") for n in names)
+
+
+def test_disabled_metrics_register_nothing_and_ignore_jobs(monkeypatch):
+    monkeypatch.setenv("NUMBAKV_METRICS", "0")
+    registry = CollectorRegistry()
+    metrics = OffloadMetrics(FakeManager(), registry=registry)
+    metrics.on_job_done(FinishedJob(1, "store", True, 10, 0.1))
+    metrics.sync()
+    assert not metrics.enabled and samples(registry) == {}
+
+
+def test_close_unregisters_the_collector():
+    registry = CollectorRegistry()
+    metrics = OffloadMetrics(FakeManager(), registry=registry, enabled=True)
+    metrics.close()
+    assert samples(registry) == {}
+
+
+def test_unknown_direction_is_rejected():
+    metrics = OffloadMetrics(registry=None, enabled=True)
+    with pytest.raises(KeyError):
+        metrics.on_job_done(FinishedJob(1, "sideways", True, 10, 0.1))
+
+
+def test_recording_a_job_costs_at_most_a_few_hundred_ns():
+    metrics = OffloadMetrics(registry=None, enabled=True)
+    record, job = metrics.on_job_done, FinishedJob(1, "store", True, 4096, 0.002)
+    n = 20000
+    best = min(timeit.repeat(lambda: record(job), number=n, repeat=5)) / n
+    assert best < 1e-6, f"{best * 1e9:.0f} ns per call"
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed"
+)
+def test_promtool_finds_nothing_to_report():
+    registry = CollectorRegistry()
+    manager = FakeManager()
+    run_workload(manager, OffloadMetrics(manager, instance="gpu0", registry=registry, enabled=True))
+    result = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=generate_latest(registry),
+        check=False,
+        capture_output=True,
+        timeout=30,
+    )
+    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result

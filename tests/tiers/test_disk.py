@@ -1,0 +1,384 @@
+"""The disk tier (numbakv.tiers.disk) on real files: bound and policy, faults, restarts, sharing.
+
+Every test writes real files in a temporary directory (O_DIRECT where the file system takes it);
+the full file system is a real, small tmpfs mount.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from numbakv import POLICIES
+from numbakv.manager import CPUOffloadingManager
+from numbakv.tiers import disk as disk_module
+from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
+from numbakv.tiers.disk import ALIGNMENT, DiskBackend
+from numbakv.tools.workloads.core import multi_turn_chat
+from tests.support.disk_tier import (
+    CHUNK_BYTES,
+    FILE_BYTES,
+    aligned_pool,
+    bytes_for,
+    disk_tier,
+    random_pool,
+)
+from tests.support.servers import ROOT
+from tests.support.tiers import finished, namespace
+
+
+def chunk_files(backend: DiskBackend) -> list[str]:
+    return sorted(
+        os.path.join(fan.path, entry.name)
+        for fan in os.scandir(backend.directory)
+        if fan.is_dir()
+        for entry in os.scandir(fan.path)
+    )
+
+
+KEYS = [b"key-%d" % i for i in range(4)]
+
+
+@pytest.fixture(params=["direct", "buffered"])
+def io_mode(request, monkeypatch):
+    """Both ways a file system may answer O_DIRECT: taken, or refused (buffered I/O)."""
+    if request.param == "buffered":
+        monkeypatch.setattr(disk_module, "_direct_io_works", lambda directory: False)
+    return request.param
+
+
+@pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 5000])
+@pytest.mark.parametrize("make_pool", [aligned_pool, random_pool], ids=["aligned", "unaligned"])
+def test_store_then_load_is_byte_exact(tmp_path, io_mode, chunk_bytes, make_pool):
+    pool = make_pool(8, 1, chunk_bytes)
+    tier = disk_tier(tmp_path, pool)
+    assert tier.backend.direct_io == (io_mode == "direct")
+    tier.submit_store("s", KEYS, [0, 1, 2, 3])
+    assert finished(tier)["s"].success
+    assert tier.contains(KEYS + [b"absent"]) == [True] * 4 + [False]
+    tier.submit_load("l", KEYS[::-1], [4, 5, 6, 7])
+    assert finished(tier)["l"].success
+    np.testing.assert_array_equal(pool[4:8], pool[3::-1])
+    assert tier.counters.loaded_own == 4 and tier.counters.integrity_failures == 0
+    assert len(chunk_files(tier.backend)) == 4
+    tier.close()
+
+
+def lower_tier_hits(chains, policy: str, capacity: int) -> int:
+    """The hits of numbakv's manager driven as a lower tier: look up, touch, store the rest."""
+    manager = CPUOffloadingManager(block_size=1, num_blocks=capacity, cache_policy=policy)
+    hits = 0
+    for chain in chains:
+        hit = manager.lookup(chain)
+        hits += hit
+        manager.touch(chain)
+        plan = manager.prepare_store(chain[hit:])
+        if plan is not None:
+            manager.complete_store(plan.block_hashes_to_store)
+    return hits
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_bound_and_eviction_give_the_managers_hits(tmp_path, policy):
+    """Driven as a tier below host memory is (look up, touch, store the missing tail: no request
+    boundaries, as in the fleet replay's lower tiers), the disk tier hits exactly where numbakv's
+    manager with that policy and capacity does, and never holds more files."""
+    chains = [request.hash_ids for request in multi_turn_chat(sessions=40, seed=1)]
+    capacity = 120
+    backend = DiskBackend(tmp_path, namespace(), 64, bytes_for(capacity, 64), policy)
+    header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
+    hits = 0
+    for chain in chains:
+        keys = [b"%d" % block for block in chain]
+        found = backend.exists(keys)
+        hit = found.index(False) if False in found else len(found)
+        hits += hit
+        backend.touch(keys)
+        payloads = [memoryview(key.rjust(64, b".")) for key in keys[hit:]]
+        backend.write(keys[hit:], [header] * len(payloads), payloads)
+        assert backend.used_files() <= capacity
+    assert hits == lower_tier_hits(chains, policy, capacity)
+    files = chunk_files(backend)
+    assert len(files) == backend.used_files() == capacity
+    key = bytes.fromhex(os.path.basename(files[0]))
+    payload = memoryview(bytearray(64))
+    assert backend.read_into([key], [payload], HEADER_BYTES)[0].payload_bytes == 64
+    assert bytes(payload) == key.rjust(64, b".")
+
+
+def test_a_file_being_read_is_never_evicted(tmp_path):
+    backend = DiskBackend(tmp_path, namespace(), 64, bytes_for(2, 64))
+    header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
+    payloads = [memoryview(bytes(64))] * 2
+    assert backend.write(KEYS[:2], [header] * 2, payloads) == [True, True]
+    backend._index.prepare_load([KEYS[0]])  # as read_into pins it, while it reads
+    assert backend.write(KEYS[2:4], [header] * 2, payloads) == [False, False]
+    assert backend.write(KEYS[2:3], [header], payloads[:1]) == [True]
+    assert backend.exists(KEYS[:3]) == [True, False, True]
+
+
+@pytest.mark.parametrize(
+    "damage, check",
+    [
+        ("flip a payload byte", "checksum"),
+        ("truncate the payload", "length"),
+        ("flip a namespace byte", "namespace"),
+        ("overwrite the magic", "format"),
+    ],
+)
+def test_a_damaged_file_is_never_loaded_and_is_removed(tmp_path, caplog, damage, check):
+    pool = aligned_pool(4, 2)
+    tier = disk_tier(tmp_path, pool)
+    tier.submit_store("s", KEYS[:2], [0, 1])
+    finished(tier)
+    path = tier.backend._path(KEYS[0])
+    with open(path, "r+b") as file:
+        if damage == "flip a payload byte":
+            file.seek(ALIGNMENT + 1234)
+            byte = file.read(1)
+            file.seek(ALIGNMENT + 1234)
+            file.write(bytes([byte[0] ^ 1]))
+        elif damage == "truncate the payload":
+            file.truncate(ALIGNMENT + CHUNK_BYTES // 2)
+        elif damage == "flip a namespace byte":
+            file.seek(8)
+            file.write(b"\xff")
+        else:
+            file.write(b"XXXX")
+    pool[2:4] = 7
+    tier.submit_load("l", KEYS[:2], [2, 3])
+    job = finished(tier)["l"]
+    assert not job.success and job.failed_keys == (KEYS[0],)
+    assert f"failed its {check} check" in caplog.text
+    np.testing.assert_array_equal(pool[3], pool[1])
+    if check != "checksum":  # the header failed: not one payload byte reached host memory
+        assert (pool[2] == 7).all()
+    assert not os.path.exists(path) and tier.counters.integrity_failures == 1
+    assert tier.contains(KEYS[:2]) == [False, True]
+    assert tier.backend.used_files() == 1
+    tier.submit_store("again", KEYS[:1], [0])
+    finished(tier)
+    tier.submit_load("l2", KEYS[:1], [2])
+    assert finished(tier)["l2"].success
+    np.testing.assert_array_equal(pool[2], pool[0])
+
+
+WRITER_KILLED_BEFORE_RENAME = """
+import os, sys, time
+import numpy as np
+from numbakv.tiers import ChunkTier
+from numbakv.tiers.disk import DiskBackend
+from tests.support.disk_tier import CHUNK_BYTES, FILE_BYTES, random_pool
+from tests.support.tiers import namespace
+
+def stuck(source, target):  # the writer dies here: the chunk is written, not renamed
+    print(source, flush=True)
+    time.sleep(60)
+
+os.replace = stuck
+pool = random_pool(1, 3)
+tier = ChunkTier(DiskBackend(sys.argv[1], namespace(), CHUNK_BYTES, 8 * FILE_BYTES), pool, namespace())
+tier.submit_store("s", [b"half"], [0])
+tier.drain()
+"""
+
+
+def test_a_writer_killed_before_its_rename_leaves_nothing_visible(tmp_path):
+    root = str(tmp_path)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER_KILLED_BEFORE_RENAME, root],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    temp = writer.stdout.readline().strip()
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert os.path.getsize(temp) == FILE_BYTES  # the whole chunk, under its temporary name
+    tier = disk_tier(root, random_pool(1, 4), files=8)
+    assert tier.contains([b"half"]) == [False]
+    assert not os.path.exists(temp) and chunk_files(tier.backend) == []
+
+
+def test_a_live_writers_temporary_file_is_left_alone(tmp_path):
+    backend = DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * FILE_BYTES)
+    temp = f"{backend.directory}/ab/.ab.{os.getppid()}.0.tmp"
+    open(temp, "wb").close()
+    DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * FILE_BYTES)
+    assert os.path.exists(temp)
+    old = time.time() - disk_module.STALE_TEMP_S - 1
+    os.utime(temp, (old, old))
+    DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * FILE_BYTES)
+    assert not os.path.exists(temp)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 64 KiB tmpfs mount: room for five chunk files of 12 KiB."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not allowed here: {mounted.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_file_system_refuses_stores_and_keeps_what_it_holds(small_tmpfs):
+    pool = aligned_pool(16, 5)
+    tier = disk_tier(small_tmpfs, pool, files=64)  # the index allows far more than the mount
+    keys = [b"full-%d" % i for i in range(8)]
+    tier.submit_store("s", keys, range(8))
+    job = finished(tier)["s"]
+    stored = [key for key in keys if key not in job.failed_keys]
+    assert 0 < len(stored) < 8 and tier.counters.dropped_stores == 8 - len(stored)
+    assert tier.backend.used_files() == len(stored)
+    assert len(chunk_files(tier.backend)) == len(stored)  # no temporary file left behind
+    assert tier.contains(keys) == [key in stored for key in keys]
+    tier.submit_load("l", stored, range(8, 8 + len(stored)))
+    assert finished(tier)["l"].success
+    np.testing.assert_array_equal(pool[8 : 8 + len(stored)], pool[: len(stored)])
+    tier.backend.delete(stored[:2])  # room again
+    tier.submit_store("s2", job.failed_keys[:2], [keys.index(k) for k in job.failed_keys[:2]])
+    assert finished(tier)["s2"].success
+
+
+def test_a_restart_serves_what_is_there_newest_first_within_its_bound(tmp_path):
+    pool = aligned_pool(12, 6)
+    keys = [b"restart-%d" % i for i in range(6)]
+    tier = disk_tier(tmp_path, pool, files=8)
+    tier.submit_store("s", keys, range(6))
+    finished(tier)
+    tier.close()
+    for age, key in enumerate(reversed(keys)):  # keys[0] oldest
+        written = time.time() - 100 - age
+        os.utime(tier.backend._path(key), (written, written))
+    directory = tier.backend.directory
+    open(f"{directory}/00/not-a-chunk", "wb").close()
+    with open(f"{directory}/00/00ff", "wb") as short:  # no whole chunk is this size
+        short.write(b"x" * 100)
+
+    restarted = disk_tier(tmp_path, pool, files=4)  # a smaller bound: the oldest two go
+    assert restarted.contains(keys) == [False, False, True, True, True, True]
+    assert not os.path.exists(f"{directory}/00/00ff")
+    assert os.path.exists(f"{directory}/00/not-a-chunk")
+    assert len(chunk_files(restarted.backend)) == 5  # four chunks and the stranger
+    restarted.submit_load("l", keys[2:], range(6, 10))
+    assert finished(restarted)["l"].success
+    np.testing.assert_array_equal(pool[6:10], pool[2:6])
+    assert restarted.counters.loaded_other == 4  # another writer: the tier before the restart
+
+
+def test_a_directory_another_namespace_wrote_is_never_loaded(tmp_path):
+    pool = aligned_pool(4, 7)
+    other = disk_tier(tmp_path / "other", pool, ns=namespace(model="another"))
+    other.submit_store("s", KEYS[:2], [0, 1])
+    finished(other)
+    ours = disk_tier(tmp_path, pool)
+    assert ours.contains(KEYS[:2]) == [False, False]  # the namespaces' directories differ
+    os.rmdir(ours.backend.directory + "/00")  # and if the other's files are put under ours:
+    shutil.copytree(other.backend.directory, ours.backend.directory, dirs_exist_ok=True)
+    assert ours.contains(KEYS[:2]) == [True, True]
+    pool[2:4] = 9
+    ours.submit_load("l", KEYS[:2], [2, 3])
+    assert finished(ours)["l"].failed_keys == tuple(KEYS[:2])
+    assert (pool[2:4] == 9).all() and ours.counters.integrity_failures == 2
+    assert ours.contains(KEYS[:2]) == [False, False] and chunk_files(ours.backend) == []
+
+
+def test_two_backends_sharing_a_directory_serve_each_other(tmp_path):
+    pool_a, pool_b = aligned_pool(4, 8), aligned_pool(4, 9)
+    a = disk_tier(tmp_path, pool_a, files=2, track_removals=True)
+    b = disk_tier(tmp_path, pool_b, files=2)
+    a.submit_store("s", KEYS[:2], [0, 1])
+    finished(a)
+    assert b.contains(KEYS[:2]) == [True, True]
+    b.submit_load("l", KEYS[:2], [2, 3])
+    assert finished(b)["l"].success
+    np.testing.assert_array_equal(pool_b[2:4], pool_a[:2])
+    assert b.counters.loaded_other == 2
+    a.touch(KEYS[1:2])
+    a.submit_store("evict", KEYS[2:3], [2])  # a's bound evicts its least recent file
+    finished(a)
+    assert a.backend.take_removed() == [KEYS[0]] and a.backend.take_removed() == []
+    assert b.contains(KEYS[:3]) == [False, True, True]
+    assert b.backend.used_files() == 2
+
+
+@pytest.mark.parametrize(
+    "arguments, error, named",
+    [
+        ({"namespace": "ns"}, TypeError, "namespace"),
+        ({"chunk_bytes": 0}, ValueError, "chunk_bytes"),
+        ({"bytes_to_use": True}, ValueError, "bytes_to_use"),
+        ({"bytes_to_use": FILE_BYTES - 1}, ValueError, "bytes_to_use"),
+        ({"cache_policy": "fifo"}, ValueError, "cache policy"),
+    ],
+)
+def test_bad_settings_are_refused_before_the_directory_is_made(tmp_path, arguments, error, named):
+    settings = {
+        "root_dir": tmp_path / "kv",
+        "namespace": namespace(),
+        "chunk_bytes": CHUNK_BYTES,
+        "bytes_to_use": FILE_BYTES,
+        **arguments,
+    }
+    with pytest.raises(error, match=named):
+        DiskBackend(**settings)
+    assert not (tmp_path / "kv").exists()
+
+
+def test_bad_writes_are_refused_before_a_file_is_written(tmp_path):
+    backend = DiskBackend(tmp_path, namespace(), 64, 4 * FILE_BYTES)
+    header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
+    with pytest.raises(ValueError, match="keys must be at most 100 bytes"):
+        backend.write([b"k", b"x" * 101], [header] * 2, [memoryview(bytes(64))] * 2)
+    with pytest.raises(ValueError, match="payloads must be chunk_bytes"):
+        backend.write([b"k"], [header], [memoryview(bytes(65))])
+    assert backend.exists([b"k"]) == [False] and chunk_files(backend) == []
+
+
+def occupy_with_a_directory(path: str) -> None:
+    """Put a non-empty directory where a chunk file was: unlinking it fails (EISDIR, even as root)."""
+    os.unlink(path)
+    os.makedirs(f"{path}/inside")
+
+
+def test_an_evicted_file_that_cannot_be_removed_leaves_the_index_whole(tmp_path, caplog):
+    pool = random_pool(4, 12)
+    tier = disk_tier(tmp_path, pool, files=2)
+    tier.submit_store("a", KEYS[:2], [0, 1])
+    finished(tier)
+    occupy_with_a_directory(tier.backend._path(KEYS[0]))  # KEYS[0] is evicted next
+    tier.submit_store("b", KEYS[2:3], [2])
+    assert finished(tier)["b"].success
+    assert "removing" in caplog.text
+    assert tier.contains(KEYS[1:3]) == [True, True]
+    tier.submit_load("l", KEYS[2:3], [3])
+    assert finished(tier)["l"].success
+    np.testing.assert_array_equal(pool[3], pool[2])
+    assert tier.backend.used_files() == 2  # no slot left stuck as being written
+
+
+def test_a_restart_starts_past_an_entry_it_cannot_remove(tmp_path):
+    pool = random_pool(2, 13)
+    tier = disk_tier(tmp_path, pool)
+    tier.submit_store("a", KEYS[:1], [0])
+    finished(tier)
+    tier.close()
+    stranger = f"{tier.backend.directory}/00/00aa"  # a chunk's name, no chunk's size
+    os.makedirs(f"{stranger}/inside")
+    restarted = disk_tier(tmp_path, pool)
+    assert restarted.contains(KEYS[:1]) == [True]

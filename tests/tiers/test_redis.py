@@ -1,0 +1,306 @@
+"""The Redis/Valkey backend against real redis-server processes on loopback (no fakes): a standalone
+server and a three-primary cluster; faults made by killing, pausing, filling and misconfiguring them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+import redis
+from redis.exceptions import AuthenticationError
+
+from numbakv.tiers import ChunkTier
+from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
+from numbakv.tiers.redis import RedisBackend, RedisSettings, redacted
+from tests.support.redis_servers import (
+    OPENSSL,
+    RedisServer,
+    needs_redis,
+    redis_cluster,
+    redis_server,
+    redis_tls_server,
+)
+from tests.support.tiers import namespace
+
+pytestmark = needs_redis
+
+CHUNK_BYTES = 64 * 1024
+KEYS = [b"chunk-%d" % i for i in range(8)]
+
+
+def pool(rows: int, seed: int, chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (rows, chunk_bytes), dtype=np.uint8)
+
+
+def tier(url: str, host_pool: np.ndarray, ns=None, **settings) -> ChunkTier:
+    tier_options = {
+        name: settings.pop(name)
+        for name in ("lookup_deadline_s", "breaker_cooldown_s")
+        if name in settings
+    }
+    ns = namespace() if ns is None else ns
+    backend = RedisBackend(RedisSettings(url=url, **settings), ns.digest)
+    return ChunkTier(backend, host_pool, ns, **tier_options)
+
+
+def run(chunk_tier: ChunkTier, submit, job_id, keys, rows):
+    submit(job_id, keys, rows)
+    chunk_tier.drain()
+    (job,) = [job for job in chunk_tier.take_finished() if job.job_id == job_id]
+    return job
+
+
+def raw_key(chunk_tier: ChunkTier, key: bytes) -> bytes:
+    return chunk_tier.backend._prefix + key
+
+
+@pytest.fixture
+def server(tmp_path):
+    with redis_server(str(tmp_path)) as started:
+        yield started
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 4096, 1 << 20])
+def test_two_engines_share_chunks_byte_exact(server, chunk_bytes):
+    writer = tier(server.url, pool(8, 1, chunk_bytes))
+    reader = tier(server.url, pool(8, 2, chunk_bytes))
+    assert run(writer, writer.submit_store, 1, KEYS, range(8)).success
+    assert reader.contains(KEYS + [b"absent"]) == [True] * 8 + [False]
+    job = run(reader, reader.submit_load, 2, KEYS[::-1], range(8))
+    assert job.success and job.nbytes == 8 * chunk_bytes
+    np.testing.assert_array_equal(reader._pool, writer._pool[::-1])
+    assert (reader.counters.loaded_own, reader.counters.loaded_other) == (0, 8)
+    assert run(writer, writer.submit_load, 3, KEYS[:2], [6, 7]).success
+    assert (writer.counters.loaded_own, writer.counters.loaded_other) == (2, 0)
+    writer.close()
+    reader.close()
+
+
+def test_namespaces_never_share_a_key(server):
+    one = tier(server.url, pool(2, 3))
+    other = tier(server.url, pool(2, 4), namespace(dtype="bfloat16"))
+    run(one, one.submit_store, 1, KEYS[:1], [0])
+    assert other.contains(KEYS[:1]) == [False]
+    run(other, other.submit_store, 2, KEYS[:1], [0])
+    assert run(one, one.submit_load, 3, KEYS[:1], [1]).success
+    np.testing.assert_array_equal(one._pool[1], one._pool[0])
+    assert len(redis.Redis.from_url(server.url).keys("numbakv:*")) == 2
+
+
+@pytest.mark.parametrize("damage", ["corrupted", "truncated", "other_namespace"])
+def test_a_damaged_value_is_a_miss_counted_and_deleted(server, damage):
+    chunk_tier = tier(server.url, pool(4, 5))
+    run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:2], [0, 1])
+    client = redis.Redis.from_url(server.url)
+    key = raw_key(chunk_tier, KEYS[1])
+    value = bytearray(client.get(key))
+    if damage == "corrupted":
+        value[HEADER_BYTES + 1000] ^= 0x01
+    elif damage == "truncated":
+        del value[len(value) // 2 :]
+    else:
+        header = encode_header(
+            namespace(model="another").digest, b"w" * 8, memoryview(chunk_tier._pool[1]), KEYS[1]
+        )
+        value[:HEADER_BYTES] = header
+    client.set(key, bytes(value))
+    before = chunk_tier._pool[3].copy()
+    job = run(chunk_tier, chunk_tier.submit_load, 2, KEYS[:2], [2, 3])
+    assert job.failed_keys == (KEYS[1],) and chunk_tier.counters.integrity_failures == 1
+    np.testing.assert_array_equal(chunk_tier._pool[2], chunk_tier._pool[0])
+    assert client.exists(key) == 0
+    assert chunk_tier.contains(KEYS[:2]) == [True, False]
+    assert before.shape == chunk_tier._pool[3].shape  # the row is the tier's to overwrite
+
+
+def test_a_server_that_refuses_writes_when_full_stops_the_engine_unless_values_expire(tmp_path):
+    with redis_server(str(tmp_path), "--maxmemory-policy", "noeviction") as server:
+        with pytest.raises(RuntimeError, match="ttl_s"):
+            tier(server.url, pool(2, 6))
+        chunk_tier = tier(server.url, pool(2, 6), ttl_s=60)
+        run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:1], [0])
+        ttl_ms = redis.Redis.from_url(server.url).pttl(raw_key(chunk_tier, KEYS[0]))
+        assert 0 < ttl_ms <= 60_000
+
+
+def test_a_full_server_drops_stores_counted_never_an_error(tmp_path):
+    config = ("--maxmemory-policy", "noeviction", "--maxmemory", "3mb")
+    with redis_server(str(tmp_path), *config) as server:
+        chunk_tier = tier(server.url, pool(64, 7), ttl_s=60)
+        job = run(
+            chunk_tier, chunk_tier.submit_store, 1, [b"k%d" % i for i in range(64)], range(64)
+        )
+        assert not job.success and 0 < len(job.failed_keys) < 64
+        assert chunk_tier.counters.dropped_stores == len(job.failed_keys)
+        assert chunk_tier.counters.stored == 64 - len(job.failed_keys)
+        assert not chunk_tier.breaker_open  # the server is up: refusing is not being down
+
+
+def test_config_disabled_is_said_and_the_tier_starts(tmp_path, caplog):
+    with redis_server(str(tmp_path), "--rename-command", "CONFIG", "") as server:
+        with caplog.at_level(logging.WARNING, "numbakv.tiers"):
+            chunk_tier = tier(server.url, pool(2, 8))
+        assert any("CONFIG GET is disabled" in r.getMessage() for r in caplog.records)
+        assert run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:1], [0]).success
+
+
+def test_passwords_from_the_url_or_the_environment_never_logged(tmp_path, caplog, monkeypatch):
+    secret = "s3cret-Pa55"
+    with redis_server(str(tmp_path), "--requirepass", secret) as server:
+        wrong = f"redis://default:wrong@127.0.0.1:{server.port}/0"
+        with pytest.raises(AuthenticationError, match="refused the password") as refused:
+            tier(wrong, pool(2, 9))
+        assert "wrong" not in str(refused.value)
+        with caplog.at_level(logging.DEBUG):
+            by_url = tier(f"redis://default:{secret}@127.0.0.1:{server.port}/0", pool(2, 9))
+            monkeypatch.setenv("NUMBAKV_REDIS_PASSWORD", secret)
+            by_env = tier(server.url, pool(2, 10))
+        assert run(by_url, by_url.submit_store, 1, KEYS[:1], [0]).success
+        assert run(by_env, by_env.submit_load, 2, KEYS[:1], [1]).success
+        assert secret not in caplog.text and "default:***@" in caplog.text
+    assert redacted("rediss://u:p@h:1/0?password=p") == "rediss://u:***@h:1/0"
+
+
+def test_a_killed_server_is_served_around_then_reconnected(tmp_path, caplog):
+    with redis_server(str(tmp_path)) as server:
+        chunk_tier = tier(server.url, pool(8, 11), breaker_cooldown_s=0.2)
+        run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:4], range(4))
+        server.kill()
+        rows_before = chunk_tier._pool[4:8].copy()
+        started = time.perf_counter()
+        assert chunk_tier.contains(KEYS[:4]) == [False] * 4
+        assert time.perf_counter() - started < 0.1
+        job = run(chunk_tier, chunk_tier.submit_load, 2, KEYS[:4], range(4, 8))
+        assert not job.success and job.failed_keys == tuple(KEYS[:4])
+        assert not run(chunk_tier, chunk_tier.submit_store, 3, KEYS[4:], range(4, 8)).success
+        assert chunk_tier.breaker_open
+        np.testing.assert_array_equal(chunk_tier._pool[4:8], rows_before)  # nothing loaded
+        server.start()  # same port, empty: nothing persisted
+        time.sleep(0.25)
+        with caplog.at_level(logging.WARNING, "numbakv.tiers"):
+            assert run(chunk_tier, chunk_tier.submit_store, 4, KEYS[4:], range(4, 8)).success
+        assert not chunk_tier.breaker_open
+        assert "breaker closed" in caplog.text
+        assert chunk_tier.contains(KEYS) == [False] * 4 + [True] * 4
+        assert run(chunk_tier, chunk_tier.submit_load, 5, KEYS[4:], range(4)).success
+        np.testing.assert_array_equal(chunk_tier._pool[:4], chunk_tier._pool[4:8])
+
+
+def test_a_paused_server_holds_lookups_to_the_deadline(server):
+    deadline = 0.02
+    chunk_tier = tier(
+        server.url,
+        pool(8, 12),
+        lookup_deadline_s=deadline,
+        socket_timeout_s=0.5,
+        breaker_cooldown_s=0.3,
+    )
+    run(chunk_tier, chunk_tier.submit_store, 1, KEYS, range(8))
+    server.cli("CLIENT", "PAUSE", "1500", "ALL")
+    waited = []
+    for _ in range(5):
+        started = time.perf_counter()
+        assert chunk_tier.contains(KEYS) == [False] * 8
+        waited.append(time.perf_counter() - started)
+    assert max(waited) < deadline + 0.05, waited
+    assert chunk_tier.counters.late_lookups >= 1
+    time.sleep(1.6)  # the pause is over; the breaker's probe finds the server again
+    for _ in range(50):
+        if chunk_tier.contains(KEYS) == [True] * 8:
+            break
+        time.sleep(0.05)
+    assert chunk_tier.contains(KEYS) == [True] * 8
+
+
+def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
+    with redis_cluster(str(tmp_path)) as nodes:
+        url = f"redis://127.0.0.1:{nodes[0].port}/0"
+        keys = [b"c%d" % i for i in range(32)]
+        writer = tier(url, pool(32, 13), cluster=True)
+        reader = tier(url, pool(32, 14), cluster=True)
+        assert run(writer, writer.submit_store, 1, keys, range(32)).success
+        per_node = [int(node.cli("DBSIZE")) for node in nodes]
+        assert sum(per_node) == 32 and min(per_node) > 0
+        assert run(reader, reader.submit_load, 2, keys, range(32)).success
+        np.testing.assert_array_equal(reader._pool, writer._pool)
+        nodes[2].kill()
+        reader._pool[:] = 0
+        found = reader.contains(keys)
+        assert 0 < sum(found) < 32
+        job = run(reader, reader.submit_load, 3, keys, range(32))
+        assert set(job.failed_keys) == {key for key, hit in zip(keys, found) if not hit}
+        for row, key in enumerate(keys):
+            expected = writer._pool[row] if key not in job.failed_keys else 0
+            np.testing.assert_array_equal(reader._pool[row], expected)
+        assert not reader.breaker_open
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"url": "http://h:1"}, "url"),
+        ({"url": "redis://h:1", "ttl": 5}, "'ttl'"),
+        ({"url": "redis://h:1", "ttl_s": 0}, "ttl_s"),
+        ({"url": "redis://h:1", "max_connections": 0}, "max_connections"),
+        ({"url": "redis://h:1", "cluster": "yes"}, "cluster"),
+        ({"url": "redis://h:1", "socket_timeout_s": -1}, "socket_timeout_s"),
+        ({}, "url"),
+    ],
+)
+def test_bad_settings_are_named(settings, named):
+    with pytest.raises((ValueError, TypeError), match=named):
+        RedisSettings.from_mapping(settings)
+
+
+def test_a_cluster_that_does_not_answer_at_start_stops_the_engine_saying_so():
+    with pytest.raises(RuntimeError, match="did not answer at start"):
+        tier("redis://127.0.0.1:1/0", pool(2, 15), cluster=True)
+
+
+def test_a_standalone_server_down_at_start_is_served_around(tmp_path):
+    server = RedisServer(str(tmp_path))
+    chunk_tier = tier(server.url, pool(2, 16), breaker_cooldown_s=0.1)
+    assert chunk_tier.contains(KEYS[:1]) == [False] and chunk_tier.breaker_open
+    server.start()
+    try:
+        time.sleep(0.15)
+        assert run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:1], [0]).success
+    finally:
+        server.kill()
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed (to make a certificate)")
+def test_tls_with_an_acl_user(tmp_path):
+    with redis_tls_server(str(tmp_path)) as server:
+        server.cli("ACL", "SETUSER", "engine", "on", ">pw-of-engine", "~numbakv:*", "+@all")
+        url = server.url.replace("rediss://", "rediss://engine:pw-of-engine@")
+        writer, reader = tier(url, pool(4, 17)), tier(url, pool(4, 18))
+        assert run(writer, writer.submit_store, 1, KEYS[:4], range(4)).success
+        assert run(reader, reader.submit_load, 2, KEYS[:4], range(4)).success
+        np.testing.assert_array_equal(reader._pool, writer._pool)
+        plain = f"redis://engine:pw-of-engine@127.0.0.1:{server.port}/0"
+        refused = tier(plain, pool(1, 19), socket_timeout_s=0.3)  # no TLS: no answer
+        assert refused.contains(KEYS[:1]) == [False] and refused.breaker_open
+
+
+def test_a_backend_refused_at_start_closes_its_connections(tmp_path):
+    with redis_server(str(tmp_path), "--maxmemory-policy", "noeviction") as server:
+        admin = redis.Redis.from_url(server.url)
+        before = len(admin.client_list())
+        with pytest.raises(RuntimeError, match="ttl_s") as refused:
+            RedisBackend(RedisSettings(url=server.url), namespace().digest)
+        assert len(admin.client_list()) == before, "the refused backend's connection is open"
+        del refused
+
+
+def test_a_closed_backend_leaves_no_connection_open(server):
+    admin = redis.Redis.from_url(server.url)
+    before = len(admin.client_list())
+    backend = RedisBackend(RedisSettings(url=server.url), namespace().digest)
+    backend.exists(KEYS)
+    assert len(admin.client_list()) == before + 1
+    backend.close()
+    assert len(admin.client_list()) == before
