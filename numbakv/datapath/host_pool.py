@@ -47,6 +47,9 @@ class HostPool:
                 f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}"
             )
         self.device = current_device_id()
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self.shared = shared
         started = time.perf_counter()
         if shared is None:
             mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
@@ -54,21 +57,23 @@ class HostPool:
             self._device_address = array_interface(mapped)["data"][0]
             self._memory: Any = mapped
         else:
-            memory = SharedHostMemory(shared, num_blocks * block_bytes)
-            self._host = memory.array.reshape(num_blocks, block_bytes)
-            self._device_address, registration = map_host(self._host)
-            self._memory = (memory, registration)
-            if barrier is None:
-                weakref.finalize(self, memory.unlink)
-            else:
-                try:
-                    barrier()
-                finally:
-                    memory.unlink()
+            self._map_shared(shared, barrier)
         self.pin_seconds: float = time.perf_counter() - started
-        self.shared = shared
-        self.num_blocks = num_blocks
-        self.block_bytes = block_bytes
+
+    def _map_shared(self, path: str | os.PathLike[str], barrier: Callable[[], None] | None) -> None:
+        """Map the node's copy at `path` for this device, then let its name go."""
+        try:
+            memory = SharedHostMemory(path, self.nbytes)
+            self._host = memory.array.reshape(self.num_blocks, self.block_bytes)
+            self._device_address, registration = map_host(self._host)
+        finally:
+            if barrier is not None:
+                barrier()  # once per process, mapped or failed: none waits for one that failed
+        self._memory = (memory, registration)
+        if barrier is None:
+            weakref.finalize(self, memory.unlink)
+        else:
+            memory.unlink()
 
     @classmethod
     def for_layout(cls, layout: Any, num_blocks: int) -> HostPool:

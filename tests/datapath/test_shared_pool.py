@@ -62,11 +62,13 @@ def test_a_barrier_removes_the_name_once_every_process_has_mapped_it(tmp_path):
     assert (pool.blocks == 9).all()
 
 
-def test_a_name_holding_other_sizes_is_refused_naming_it(tmp_path):
+def test_a_name_holding_other_sizes_is_refused_naming_it_after_the_barrier(tmp_path):
     path = tmp_path / "pool.kv"
     kept = HostPool(4, 64, shared=path)
+    arrived = []
     with pytest.raises(ValueError, match=f"{path} holds 256 bytes, expected 128"):
-        HostPool(4, 32, shared=path)
+        HostPool(4, 32, shared=path, barrier=lambda: arrived.append(True))
+    assert arrived == [True]  # the other processes do not wait for this one
     assert kept.blocks.shape == (4, 64)
 
 
