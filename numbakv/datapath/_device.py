@@ -83,6 +83,20 @@ def word_view(address: int, nbytes: int, word: np.dtype, owner: Any) -> Any:
     return cuda.from_cuda_array_interface(interface, owner=owner, sync=False)
 
 
+def map_host(array: np.ndarray) -> tuple[int, Any]:
+    """Existing host memory (C-contiguous `array`) made reachable by the current device's kernels,
+    pinned and mapped: its device address, and the registration, which holds while referenced.
+
+    On the simulator kernels reach host memory as it is.
+    """
+    if ON_SIMULATOR:
+        return array.ctypes.data, None
+    registration = cuda.current_context().mempin(
+        array, array.ctypes.data, array.nbytes, mapped=True
+    )
+    return int(registration.device_pointer_value), registration
+
+
 # --- devices --------------------------------------------------------------------------------
 
 

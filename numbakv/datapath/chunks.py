@@ -49,7 +49,8 @@ class ChunkTransfers:
     GPU array with `__cuda_array_interface__`; on the CUDA simulator, a NumPy array too).
     `compute_stream()` gives the stream whose queued work every job waits for: a store must not
     read blocks the model is still writing, and a load must not overwrite blocks queued kernels
-    still read (or are zeroing).
+    still read (or are zeroing). `host_pool(num_blocks, block_bytes)` makes each host pool (a
+    `HostPool` of this process's own by default; one the node's processes share, for instance).
 
     A store that fails leaves its chunks marked unloadable until a later store to them succeeds:
     whatever the scheduler does with the failure, no half-written chunk is ever loaded.
@@ -65,6 +66,7 @@ class ChunkTransfers:
         compute_stream: Callable[[], Any] | None = None,
         engine_options: Mapping[str, Any] | None = None,
         on_job_done: JobDoneCallback | None = None,
+        host_pool: Callable[[int, int], HostPool] = HostPool,
     ) -> None:
         if blocks_per_chunk < 1 or num_chunks < 1:
             raise ValueError(
@@ -82,7 +84,7 @@ class ChunkTransfers:
         self.pools: dict[int, HostPool] = {}
         for layout in self.layouts:
             if layout.block_bytes not in self.pools:
-                self.pools[layout.block_bytes] = HostPool(
+                self.pools[layout.block_bytes] = host_pool(
                     num_chunks * blocks_per_chunk, layout.block_bytes
                 )
         self.engines = [

@@ -2,39 +2,78 @@
 
 Mapped (zero-copy) memory lets the transfer kernels read and write host blocks directly over the
 link; one allocation means one pinning cost, paid once, and a host block is one contiguous byte
-range that a later disk or network tier can write as is.
+range that a later disk or network tier can write as is. A pool can also be one copy that the
+processes of a node share (`shared=`): each maps the same pages for its own device.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
-from numbakv.datapath._device import array_interface, current_device_id, word_view
+from numbakv.datapath._device import array_interface, current_device_id, map_host, word_view
+from numbakv.datapath.shared_memory import SharedHostMemory
 
 
 class HostPool:
-    """`num_blocks` host blocks of `block_bytes` each, in one `cuda.mapped_array`.
+    """`num_blocks` host blocks of `block_bytes` each, in one allocation mapped for the device.
 
     The pool belongs to the CUDA device current when it was made (`device`): Numba maps it for
     that context only (`mapped_array` ignores `portable`), so transfer engines of other devices
     refuse it.
+
+    `shared`: the path of host memory that the node's processes share (`SharedHostMemory`), in
+    place of an allocation of this process's own. Every process that opens the same path with the
+    same sizes gets the same blocks. The name is removed once `barrier()` returns (every process
+    has then mapped it) or, without a barrier, when this pool goes.
     """
 
-    def __init__(self, num_blocks: int, block_bytes: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_bytes: int,
+        *,
+        shared: str | os.PathLike[str] | None = None,
+        barrier: Callable[[], None] | None = None,
+    ) -> None:
         if num_blocks <= 0 or block_bytes <= 0:
             raise ValueError(
                 f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}"
             )
         self.device = current_device_id()
-        started = time.perf_counter()
-        self._mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
-        self.pin_seconds: float = time.perf_counter() - started
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
+        self.shared = shared
+        started = time.perf_counter()
+        if shared is None:
+            mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
+            self._host = np.asarray(getattr(mapped, "_ary", mapped)).view(np.ndarray)
+            self._device_address = array_interface(mapped)["data"][0]
+            self._memory: Any = mapped
+        else:
+            self._map_shared(shared, barrier)
+        self.pin_seconds: float = time.perf_counter() - started
+
+    def _map_shared(self, path: str | os.PathLike[str], barrier: Callable[[], None] | None) -> None:
+        """Map the node's copy at `path` for this device, then let its name go."""
+        try:
+            memory = SharedHostMemory(path, self.nbytes)
+            self._host = memory.array.reshape(self.num_blocks, self.block_bytes)
+            self._device_address, registration = map_host(self._host)
+        finally:
+            if barrier is not None:
+                barrier()  # once per process, mapped or failed: none waits for one that failed
+        self._memory = (memory, registration)
+        if barrier is None:
+            weakref.finalize(self, memory.unlink)
+        else:
+            memory.unlink()
 
     @classmethod
     def for_layout(cls, layout: Any, num_blocks: int) -> HostPool:
@@ -48,13 +87,13 @@ class HostPool:
     @property
     def blocks(self) -> np.ndarray:
         """The pool as a host-side `[num_blocks, block_bytes]` uint8 array (no copy)."""
-        return np.asarray(getattr(self._mapped, "_ary", self._mapped)).view(np.ndarray)
+        return self._host
 
     @property
     def address(self) -> int:
         """Where the pool's first byte is, for the GPU and the copy engines (one address space)."""
-        return int(array_interface(self._mapped)["data"][0])
+        return int(self._device_address)
 
     def words(self, word: np.dtype) -> Any:
         """The pool as a flat kernel argument of `word`s (the device side of the same memory)."""
-        return word_view(self.address, self.nbytes, word, owner=self._mapped)
+        return word_view(self.address, self.nbytes, word, owner=self._memory)

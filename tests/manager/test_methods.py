@@ -370,7 +370,9 @@ class IgnoresStoreMisses(ShownStoreMisses):
 )
 def test_a_requests_new_blocks_are_shown_once_only_to_a_policy_that_reads_them(policy, shown):
     policy.shown.clear()
-    manager = CPUOffloadingManager(16, 4, cache_policy=f"tests.manager.test_methods:{policy.__name__}")
+    manager = CPUOffloadingManager(
+        16, 4, cache_policy=f"tests.manager.test_methods:{policy.__name__}"
+    )
     request = manager.begin_request()
     manager.prepare_store([1, 2], request)
     manager.prepare_store([1, 2, 3], request)  # 1 and 2 are being stored: only 3 is new

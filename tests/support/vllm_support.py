@@ -27,10 +27,16 @@ def require_vllm() -> None:
 
 
 def offloading_config(
-    extra: dict, worker_kv_bytes_per_block: int = 4096, events: bool = False, **parallel
+    extra: dict,
+    worker_kv_bytes_per_block: int = 4096,
+    events: bool = False,
+    replicated: bool = False,
+    engine_id: str = "engine",
+    **parallel,
 ):
     """vLLM's OffloadingConfig for one group of 16-token blocks, as the connector builds it
-    (`events`: vLLM's KV cache events on)."""
+    (`events`: vLLM's KV cache events on; `replicated`: every rank's KV the same, as vLLM marks
+    it for MLA under tensor parallelism on one node)."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -46,7 +52,7 @@ def offloading_config(
         worker_kv_bytes_per_block=worker_kv_bytes_per_block,
         enable_kv_cache_events=events,
         extra_config={"spec_name": "NumbaKVOffloadingSpec", **extra},
-        engine_id="engine",
+        engine_id=engine_id,
         model=OffloadingModelConfig("tiny", "float16"),
         cache=OffloadingCacheConfig(
             tokens_per_hash=16, blocks_per_chunk=extra.get("blocks_per_chunk", 1)
@@ -60,4 +66,5 @@ def offloading_config(
             is_parallelism_agnostic=True,
             **topology,
         ),
+        replicated_layout=replicated,
     )

@@ -101,8 +101,8 @@ def _integer(extra: Mapping[str, Any], key: str, minimum: int, default: int = 0)
 def host_chunks(settings: Settings, kv_bytes_per_chunk: int) -> int:
     """How many offloaded chunks `cpu_bytes_to_use` holds, each `kv_bytes_per_chunk` bytes.
 
-    As in vLLM's CPU spec, the bytes are the whole engine's: every worker keeps its own part of
-    each chunk.
+    As in vLLM's CPU spec, the bytes are the whole engine's: every worker's part of each chunk, or
+    the one copy the node's workers share (vLLM's replicated layout).
     """
     if kv_bytes_per_chunk <= 0:
         raise ConfigError(
@@ -113,6 +113,6 @@ def host_chunks(settings: Settings, kv_bytes_per_chunk: int) -> int:
         raise ConfigError(
             "cpu_bytes_to_use",
             f"{settings.cpu_bytes_to_use} bytes hold no offloaded chunk: one chunk of KV (every "
-            f"layer, every worker) takes {kv_bytes_per_chunk} bytes",
+            f"layer, every copy the workers keep) takes {kv_bytes_per_chunk} bytes",
         )
     return chunks

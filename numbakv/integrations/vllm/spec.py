@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm import __version__ as vllm_version
 from vllm.logger import init_logger
+from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     OffloadingMetricMetadata,
@@ -59,10 +60,13 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 vllm_version,
             )
         self.settings = Settings.from_extra_config(self.extra_config)
-        # Every worker keeps its own part of each chunk, as in vLLM's CPU spec.
-        self.kv_bytes_per_chunk = (
-            config.worker_kv_bytes_per_block * config.parallel.world_size * self.blocks_per_chunk
-        )
+        # As in vLLM's CPU spec, every worker keeps its own part of each chunk, unless vLLM marks
+        # the layout replicated (every rank's KV the same: MLA under tensor parallelism on one
+        # node) and the workers can share memory: then the node keeps one copy, which they share.
+        self.replicated_layout = config.replicated_layout and shares_host_memory()
+        copies = 1 if self.replicated_layout else config.parallel.world_size
+        self.cpu_page_size_per_worker = config.worker_kv_bytes_per_block * self.blocks_per_chunk
+        self.kv_bytes_per_chunk = self.cpu_page_size_per_worker * copies
         self.num_chunks = host_chunks(self.settings, self.kv_bytes_per_chunk)
         self._manager: NumbaKVOffloadingManager | None = None
         self._worker: OffloadingWorker | None = None
@@ -84,10 +88,12 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 self._config_info(),
             )
             logger.info(
-                "numbakv: host tier of %d chunks (%.2f GiB for all workers), policy %s, "
-                "store threshold %d",
+                "numbakv: host tier of %d chunks (%.2f GiB %s), policy %s, store threshold %d",
                 self.num_chunks,
                 self.num_chunks * self.kv_bytes_per_chunk / 2**30,
+                f"in one copy for the node's {self.config.parallel.world_size} workers"
+                if self.replicated_layout
+                else "for all workers",
                 settings.eviction_policy,
                 settings.store_threshold,
             )
@@ -111,10 +117,17 @@ class NumbaKVOffloadingSpec(OffloadingSpec):
                 self.num_chunks,
                 self.settings,
                 on_simulator,
-                self.num_chunks * self.blocks_per_chunk * self.config.worker_kv_bytes_per_block,
+                self.num_chunks * self.cpu_page_size_per_worker,
                 start_process_metrics(self.config.parallel, f"worker{self.config.parallel.rank}"),
+                shared_by=self.config.engine_id if self.replicated_layout else None,
             )
         return self._worker
+
+
+def shares_host_memory() -> bool:
+    """Whether the workers can map one host copy between them: where vLLM's CPU tier shares its
+    region, on CUDA (not ROCm; numbakv's kernels run on no other accelerator)."""
+    return current_platform.is_cuda_alike() and not current_platform.is_rocm()
 
 
 def build_scheduler_manager(

@@ -7,7 +7,8 @@ cannot be queued is refused (`False`, nothing moved); a failed job is reported `
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import re
+from collections.abc import Callable, Collection
 
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import (
@@ -18,7 +19,8 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from numbakv.datapath import SIMULATOR_LAUNCH, ChunkTransfers
+from numbakv.datapath import SIMULATOR_LAUNCH, ChunkTransfers, HostPool
+from numbakv.datapath.shared_memory import SHARED_DIR
 from numbakv.integrations.vllm.config import Settings
 from numbakv.integrations.vllm.host_spec import HostChunksSpec
 from numbakv.integrations.vllm.tensors import torch_block_arrays
@@ -45,9 +47,14 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
         on_simulator: bool,
         host_budget: int,
         metrics: OffloadMetrics | None = None,
+        shared_by: str | None = None,
     ) -> NumbaKVOffloadingWorker:
         """Reach vLLM's KV caches zero-copy and pin host pools of `num_chunks` chunks, meant to
-        take `host_budget` bytes (this worker's share of `cpu_bytes_to_use`)."""
+        take `host_budget` bytes (this worker's share of `cpu_bytes_to_use`).
+
+        `shared_by`: the engine id whose workers on this node share the pools, one copy for all
+        (vLLM's replicated layout), instead of each pinning its own.
+        """
         arrays, compute_stream = torch_block_arrays(
             [entry.tensor for entry in kv_caches.tensors],
             [entry.page_size_bytes for entry in kv_caches.tensors],
@@ -67,14 +74,16 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
             compute_stream=compute_stream,
             engine_options=options,
             on_job_done=None if metrics is None else metrics.on_job_done,
+            host_pool=HostPool if shared_by is None else shared_host_pools(shared_by),
         )
         logger.info(
             "numbakv: %d KV cache group(s), %d host chunks of %d block(s) in %.2f GiB of pinned "
-            "host memory; kernels run on %s",
+            "host memory%s; kernels run on %s",
             len(transfers.layouts),
             num_chunks,
             blocks_per_chunk,
             transfers.host_bytes / 2**30,
+            "" if shared_by is None else ", one copy that this node's workers share",
             "the CUDA simulator" if on_simulator else "the GPU",
         )
         if transfers.host_bytes > host_budget:
@@ -138,3 +147,29 @@ class NumbaKVOffloadingWorker(OffloadingWorker):
         self.transfers.drain()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def shared_host_pools(engine_id: str) -> Callable[[int, int], HostPool]:
+    """Host pools that the engine's workers on this node share, one per block size, each named by
+    the engine; the names go once every worker has mapped them (vLLM's barrier of its workers)."""
+    prefix = SHARED_DIR / f"numbakv-{re.sub(r'[^A-Za-z0-9_.-]', '_', engine_id)}"
+    barrier = _workers_barrier()
+
+    def shared_pool(num_blocks: int, block_bytes: int) -> HostPool:
+        return HostPool(
+            num_blocks, block_bytes, shared=f"{prefix}-{block_bytes}.kv", barrier=barrier
+        )
+
+    return shared_pool
+
+
+def _workers_barrier() -> Callable[[], None] | None:
+    """vLLM's barrier of all its workers (the one its CPU tier waits at before removing its
+    region's name); None where vLLM's distributed state is not set up (a test's workers)."""
+    import torch.distributed
+
+    if not torch.distributed.is_initialized():
+        return None
+    from vllm.distributed.parallel_state import get_world_group
+
+    return get_world_group().barrier
