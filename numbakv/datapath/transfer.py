@@ -60,10 +60,12 @@ link's rate and slow the compute beside them 7 times less than 16 of 1024; a loa
 round trip each, and need 16 of 1024 to keep enough of them in flight."""
 ZERO_COPY, STAGED = "zero_copy", "staged"
 PATHS = (ZERO_COPY, STAGED)
-DEFAULT_PATHS = MappingProxyType({Direction.STORE: STAGED, Direction.LOAD: STAGED})
-"""Each direction's path by default (docs/DATAPATH.md, "Paths"): staged both ways, where the driver
-has batched copies (CUDA 12.8); zero-copy where it has not. Provisional until gpu_check's
-measurement of both paths on a GPU decides it per direction."""
+DEFAULT_PATHS = MappingProxyType({Direction.STORE: ZERO_COPY, Direction.LOAD: ZERO_COPY})
+"""Each direction's path by default (docs/DATAPATH.md, "Paths"): zero-copy both ways, the path
+measured on GPUs. The staged path has not run on one yet (its batched copy goes through a driver
+function pointer only hardware exercises), so it is chosen with `path="staged"` until gpu_check's
+measurement of both paths decides each direction. A staged default falls back to zero-copy where
+the driver cannot batch copies."""
 STAGED_LAUNCH = MappingProxyType({"threads_per_block": 1024, "max_thread_blocks": None})
 """A staged kernel's launch shape at the engine's default options: it moves device memory only, for
 tens of microseconds a round, so it takes a warp per 4 KiB piece, uncapped, to run at HBM speed

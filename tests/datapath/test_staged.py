@@ -109,12 +109,23 @@ def test_staged_and_zero_copy_jobs_interleave_over_one_pool():
         assert cache.block_bytes(restored, target) == cache.block_bytes(original, source)
 
 
-def test_the_default_is_staged_both_ways_and_zero_copy_where_copies_cannot_be_batched(
-    monkeypatch,
-):
+def test_the_default_is_zero_copy_until_a_gpu_has_run_the_staged_path(monkeypatch):
+    """Zero-copy both ways by default; staged only when asked for. A staged default (once a GPU
+    run decides one) falls back to zero-copy where copies cannot be batched; asking for staged
+    there is an error."""
     cache = make_cache("mla", np.random.default_rng(2))
     pool = HostPool.for_layout(cache.layout, 2)
-    assert TransferEngine(cache.layout, pool).path == dict.fromkeys(Direction, "staged")
+    assert TransferEngine(cache.layout, pool).path == dict.fromkeys(Direction, "zero_copy")
+    assert TransferEngine(cache.layout, pool, path="staged").path == dict.fromkeys(
+        Direction, "staged"
+    )
+    monkeypatch.setattr(
+        transfer, "DEFAULT_PATHS", {Direction.STORE: "staged", Direction.LOAD: "zero_copy"}
+    )
+    assert TransferEngine(cache.layout, pool).path == {
+        Direction.STORE: "staged",
+        Direction.LOAD: "zero_copy",
+    }
     monkeypatch.setattr(transfer, "batch_copy_unsupported", lambda: "the driver is too old")
     assert TransferEngine(cache.layout, pool).path == dict.fromkeys(Direction, "zero_copy")
     with pytest.raises(ValueError, match="path 'staged' is not available here: the driver"):
