@@ -43,14 +43,14 @@ class ReportedSeries:
         """
         value = self.read(source)
         last = self.last
-        if self.type == "histogram":
-            counts, seconds = value
-            if seconds == last[1] and counts == last[0]:
-                return None
-            counts = list(counts)
-            self.last = counts, seconds
-            return [n - m for n, m in zip(counts, last[0])], seconds - last[1]
         if value == last:
             return None
-        self.last = value
-        return value if self.type == "gauge" else value - last
+        if self.type == "counter":
+            self.last = value
+            return value - last
+        if self.type == "gauge":
+            self.last = value
+            return value
+        counts, seconds = list(value[0]), value[1]
+        self.last = counts, seconds
+        return [n - m for n, m in zip(counts, last[0])], seconds - last[1]
