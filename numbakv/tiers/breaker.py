@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 
+from numbakv.checks import positive
+
 logger = logging.getLogger("numbakv.tiers")
 
 
@@ -19,13 +21,7 @@ class CircuitBreaker:
     """Open/closed state of one store, shared by every thread that calls it."""
 
     def __init__(self, cooldown_s: float, name: str) -> None:
-        if (
-            isinstance(cooldown_s, bool)
-            or not isinstance(cooldown_s, (int, float))
-            or not cooldown_s > 0
-        ):
-            raise ValueError(f"breaker_cooldown_s must be > 0 seconds, got {cooldown_s!r}")
-        self.cooldown_s = float(cooldown_s)
+        self.cooldown_s = positive("breaker_cooldown_s", cooldown_s, unit="seconds")
         self.opened = 0  # times it opened since start
         self._name = name
         self._lock = threading.Lock()

@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -37,11 +37,24 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
+from numbakv.checks import positive
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue, TierOpenError
+from numbakv.tiers.settings import redacted, settings_from
 
 logger = logging.getLogger("numbakv.tiers")
 
-SCHEMES = ("redis", "rediss")
+SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
+"""The URL schemes taken, and what each is to the client (a Valkey server speaks Redis's protocol)."""
+TLS_URL_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+    "ssl_min_version",
+)
+"""The client's TLS options a URL's query may carry (`?ssl_ca_certs=PATH`)."""
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
 _UNREACHABLE = (RedisError, RedisClusterException, OSError)
@@ -57,14 +70,16 @@ _REFUSING_POLICIES = (
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """How to reach the store and what to write there; `from_mapping` checks every key.
+    """How to reach the store and what to write there; checked when built.
 
-    `url`: `redis://` or `rediss://` (TLS), with `user:password@` for AUTH/ACL or without it, the
-    password then read from the environment variable named by `password_env` (never logged).
-    `cluster`: the URL names one node of a Redis Cluster. `ttl_s`: every value expires after this
-    many seconds (required against a server that refuses writes when full). `max_connections`:
-    the pool's bound (per node in a cluster). `socket_timeout_s`: how long one batch may wait on
-    the server before the store counts as unreachable; `connect_timeout_s` the same for connecting.
+    `url`: `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://` (the same for a Valkey
+    server), with `user:password@` for AUTH/ACL or without it, the password then read from the
+    environment variable named by `password_env` (never logged); its path is the database number
+    (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `cluster`: the URL names one
+    node of a Redis Cluster. `ttl_s`: every value expires after this many seconds (required
+    against a server that refuses writes when full). `max_connections`: the pool's bound (per node
+    in a cluster). `socket_timeout_s`: how long one batch may wait on the server before the store
+    counts as unreachable; `connect_timeout_s` the same for connecting.
     """
 
     url: str
@@ -78,59 +93,62 @@ class RedisSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or urlsplit(self.url).scheme not in SCHEMES:
-            raise ValueError(f"url must be a redis:// or rediss:// URL, got {redacted(self.url)!r}")
+            raise ValueError(
+                f"url must be a {', '.join(f'{scheme}://' for scheme in SCHEMES)} URL, got "
+                f"{redacted(self.url)!r}"
+            )
+        parts = urlsplit(self.url)
+        for option in parse_qs(parts.query, keep_blank_values=True):
+            if option not in TLS_URL_OPTIONS:
+                raise ValueError(
+                    f"unknown Redis URL option {option!r}; a URL's query takes numbakv's tier "
+                    f"settings (through open_tier) and {', '.join(TLS_URL_OPTIONS)}"
+                )
         if not isinstance(self.cluster, bool):
             raise TypeError(f"cluster must be true or false, got {self.cluster!r}")
+        database = self.database
+        if self.cluster and database != 0:
+            raise ValueError(f"a Redis Cluster has database 0 only, the url names /{database}")
         if not isinstance(self.key_prefix, str) or not self.key_prefix:
             raise ValueError(f"key_prefix must be a non-empty string, got {self.key_prefix!r}")
-        if self.ttl_s is not None and not _positive(self.ttl_s):
-            raise ValueError(f"ttl_s must be a positive number of seconds, got {self.ttl_s!r}")
+        if self.ttl_s is not None:
+            object.__setattr__(self, "ttl_s", positive("ttl_s", self.ttl_s, unit="seconds"))
         if not isinstance(self.password_env, str) or not self.password_env:
             raise ValueError(
                 f"password_env must name an environment variable, got {self.password_env!r}"
             )
-        if (
-            isinstance(self.max_connections, bool)
-            or not isinstance(self.max_connections, int)
-            or self.max_connections < 1
-        ):
-            raise ValueError(
-                f"max_connections must be a positive int, got {self.max_connections!r}"
-            )
+        checked = positive("max_connections", self.max_connections, integer=True)
+        object.__setattr__(self, "max_connections", checked)
         for name in ("socket_timeout_s", "connect_timeout_s"):
-            if not _positive(getattr(self, name)):
-                raise ValueError(
-                    f"{name} must be a positive number of seconds, got {getattr(self, name)!r}"
-                )
+            object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> RedisSettings:
         """Settings from a configuration's keys; an unknown or missing key is named in the error."""
-        known = {field.name for field in fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
+        return settings_from(cls, settings, "Redis tier")
+
+    @property
+    def database(self) -> int:
+        """The database number the URL's path names: `/N`, or 0 for none."""
+        path = unquote(urlsplit(self.url).path).strip("/")
+        if not path:
+            return 0
+        if not path.isdigit():
             raise ValueError(
-                f"unknown Redis tier setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
+                f"the url's path must be a database number (/0), got /{path} in "
+                f"{redacted(self.url)}"
             )
-        if "url" not in settings:
-            raise ValueError("the Redis tier needs a url setting (redis://host:6379/0)")
-        return cls(**settings)
+        return int(path)
+
+    @property
+    def client_url(self) -> str:
+        """The URL as the client takes it: valkey:// and valkeys:// spelled redis:// and rediss://."""
+        scheme, _, rest = self.url.partition(":")
+        return f"{SCHEMES[scheme]}:{rest}"
 
     @property
     def ttl_ms(self) -> int | None:
         return None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
-
-
-def redacted(url: object) -> str:
-    """The URL with its password and query (which may hold one) hidden: what logs may show."""
-    if not isinstance(url, str):
-        return repr(url)
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user = netloc.rsplit("@", 1)[0].split(":", 1)[0]
-        netloc = f"{user}:***@{netloc.rsplit('@', 1)[1]}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 class RedisBackend(ChunkBackend):
@@ -278,7 +296,7 @@ class RedisBackend(ChunkBackend):
                 continue
             policy, maxmemory = config.get("maxmemory-policy", ""), int(config.get("maxmemory", 0))
             if policy in _REFUSING_POLICIES and self.settings.ttl_s is None:
-                raise RuntimeError(
+                raise TierOpenError(
                     f"Redis at {where} has maxmemory-policy {policy}: once full it refuses every "
                     "write. Set ttl_s (seconds) so numbakv's values expire, or give the server an "
                     "allkeys-* policy (allkeys-lru) and a maxmemory"
@@ -292,29 +310,39 @@ class RedisBackend(ChunkBackend):
             logger.info("numbakv Redis tier: %s maxmemory %d, policy %s", where, maxmemory, policy)
 
 
+class PasswordRefused(TierOpenError, AuthenticationError):
+    """The server refused the password or the user, or asked for one none was given: a
+    TierOpenError, and the client's AuthenticationError as before."""
+
+
 def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
     """A client over a bounded pool, no retries (the tier's breaker handles a down store). Stops
-    the engine when the password is refused, or when no node of a cluster answers."""
+    the engine (TierOpenError) when the password or user is refused, the database is not there,
+    or no node of a cluster answers; a standalone server that does not answer is served around."""
     options: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "retry": Retry(NoBackoff(), 0),
     }
-    if urlsplit(settings.url).password is None and os.environ.get(settings.password_env):
-        options["password"] = os.environ[settings.password_env]
+    password = urlsplit(settings.url).password
+    if password is None and os.environ.get(settings.password_env):
+        options["password"] = password = os.environ[settings.password_env]
+    where = redacted(settings.url)
     if settings.cluster:
         try:  # the client learns the cluster's slots now: it needs a node to answer
             client = RedisCluster.from_url(
-                settings.url, max_connections=settings.max_connections, **options
+                settings.client_url, max_connections=settings.max_connections, **options
             )
+        except AuthenticationError as error:
+            raise _password_error(where, password, settings.password_env, error) from None
         except _UNREACHABLE as error:
-            raise RuntimeError(
-                f"Redis Cluster at {redacted(settings.url)} did not answer at start, so its "
-                f"slots are unknown: {error}"
+            raise TierOpenError(
+                f"Redis Cluster at {where} did not answer at start, so its slots are unknown: "
+                f"{error}"
             ) from None
     else:
         pool = redis.BlockingConnectionPool.from_url(
-            settings.url,
+            settings.client_url,
             max_connections=settings.max_connections,
             timeout=settings.socket_timeout_s,
             **options,
@@ -324,19 +352,28 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
         client.ping()
     except AuthenticationError as error:
         client.close()
-        raise AuthenticationError(
-            f"Redis at {redacted(settings.url)} refused the password (from the url or "
-            f"{settings.password_env}): {error}"
-        ) from None
+        raise _password_error(where, password, settings.password_env, error) from None
+    except ResponseError as error:  # connected, then refused: SELECT of a database not there
+        client.close()
+        raise TierOpenError(f"Redis at {where} refused the connection: {error}") from None
     except _UNREACHABLE:
         pass  # unreachable now: the tier serves from host memory until it answers
     return client
 
 
+def _password_error(
+    where: str, password: str | None, password_env: str, error: Exception
+) -> PasswordRefused:
+    if password is None:
+        return PasswordRefused(
+            f"Redis at {where} asks for a password: give it in the url "
+            f"(redis://USER:PASSWORD@host:port/0) or in {password_env}"
+        )
+    return PasswordRefused(
+        f"Redis at {where} refused the password (from the url or {password_env}): {error}"
+    )
+
+
 def _moved(reply: object) -> bool:
     """A cluster node's answer that another node serves the key (MOVED, or ASK while migrating)."""
     return isinstance(reply, AskError)
-
-
-def _positive(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0

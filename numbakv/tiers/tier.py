@@ -20,9 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from queue import SimpleQueue
+from typing import Protocol
 
 import numpy as np
 
+from numbakv.checks import positive
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy
@@ -38,10 +40,42 @@ from numbakv.tiers.namespace import Namespace
 
 logger = logging.getLogger("numbakv.tiers")
 
+
+class HostPoolLike(Protocol):
+    """What a tier reads of a numbakv `HostPool` (the data path's, which a tier never imports)."""
+
+    @property
+    def blocks(self) -> np.ndarray: ...
+
+
 DEFAULT_LOOKUP_DEADLINE_S = 0.005
 DEFAULT_IO_THREADS = 4
 DEFAULT_BREAKER_COOLDOWN_S = 5.0
 UNLOADABLE_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """How a tier runs over any backend, checked when built.
+
+    `lookup_deadline_s`: a batched lookup not answered by then is misses. `io_threads`: threads
+    moving chunks. `breaker_cooldown_s`: how long a store found unreachable is left alone before
+    one call probes it.
+    """
+
+    lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S
+    io_threads: int = DEFAULT_IO_THREADS
+    breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S
+
+    def __post_init__(self) -> None:
+        for name, integer in (
+            ("lookup_deadline_s", False),
+            ("io_threads", True),
+            ("breaker_cooldown_s", False),
+        ):
+            unit = "" if integer else "seconds"
+            value = positive(name, getattr(self, name), integer=integer, unit=unit)
+            object.__setattr__(self, name, value)
 
 
 @dataclass(slots=True)
@@ -112,16 +146,18 @@ class TierLookup:
 class ChunkTier:
     """A tier below host memory over one `ChunkBackend`, reading and writing `host_pool` rows.
 
-    `host_pool` is a 2-D uint8 array, one row per chunk (a view of the host tier's memory, never a
-    copy); `namespace` is checked in every value loaded; `writer_id` (8 bytes, random by default)
-    tells this engine's writes from others'. After a call finds the store unreachable, the tier
-    stops calling it for `breaker_cooldown_s` (lookups are misses, jobs fail), then probes it.
+    `host_pool` is a numbakv `HostPool` or its 2-D uint8 array (`HostPool.blocks`), one row per
+    chunk: a view of the host tier's memory, never a copy. `namespace` is checked in every value
+    loaded; `writer_id` (8 bytes, random by default) tells this engine's writes from others'. The
+    other settings are `TierSettings`'. After a call finds the store unreachable, the tier stops
+    calling it for `breaker_cooldown_s` (lookups are misses, jobs fail), then probes it.
+    `numbakv.tiers.open_tier` builds one from a URL.
     """
 
     def __init__(
         self,
         backend: ChunkBackend,
-        host_pool: np.ndarray,
+        host_pool: np.ndarray | HostPoolLike,
         namespace: Namespace,
         *,
         writer_id: bytes | None = None,
@@ -130,33 +166,21 @@ class ChunkTier:
         breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
-        if not (
-            isinstance(host_pool, np.ndarray)
-            and host_pool.dtype == np.uint8
-            and host_pool.ndim == 2
-            and host_pool.flags.c_contiguous
-        ):
+        host_pool = host_rows(host_pool)
+        if backend.chunk_bytes is not None and backend.chunk_bytes != host_pool.shape[1]:
             raise ValueError(
-                "host_pool must be a C-contiguous 2-D uint8 array (one row per chunk), got "
-                f"{type(host_pool).__name__} {getattr(host_pool, 'dtype', '')} "
-                f"{getattr(host_pool, 'shape', '')}"
+                f"the backend's chunk_bytes ({backend.chunk_bytes:,}) must equal the host pool's "
+                f"row ({host_pool.shape[1]:,} bytes)"
             )
         writer_id = os.urandom(8) if writer_id is None else writer_id
         if not isinstance(writer_id, bytes) or len(writer_id) != 8:
             raise ValueError(f"writer_id must be 8 bytes, got {writer_id!r}")
-        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
-            raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
-        if (
-            isinstance(lookup_deadline_s, bool)
-            or not isinstance(lookup_deadline_s, (int, float))
-            or not lookup_deadline_s > 0
-        ):
-            raise ValueError(f"lookup_deadline_s must be > 0 seconds, got {lookup_deadline_s!r}")
-        self._breaker = CircuitBreaker(breaker_cooldown_s, type(backend).__name__)
+        settings = TierSettings(lookup_deadline_s, io_threads, breaker_cooldown_s)
+        self._breaker = CircuitBreaker(settings.breaker_cooldown_s, type(backend).__name__)
         self.backend = backend
         self.namespace = namespace
         self.writer_id = writer_id
-        self.lookup_deadline_s = lookup_deadline_s
+        self.lookup_deadline_s = settings.lookup_deadline_s
         self._counters = TierCounters()
         self._pool = host_pool
         self._namespace_digest = namespace.digest
@@ -169,7 +193,9 @@ class ChunkTier:
         self._pending: set[Future] = set()
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
-        self._io_threads = ThreadPoolExecutor(io_threads, thread_name_prefix="numbakv-tier-io")
+        self._io_threads = ThreadPoolExecutor(
+            settings.io_threads, thread_name_prefix="numbakv-tier-io"
+        )
         logger.info("numbakv tier over %s: %s", type(backend).__name__, namespace.describe())
 
     @property
@@ -423,6 +449,24 @@ class ChunkTier:
                 self._on_job_done(job)
             except Exception:  # the job is reported all the same
                 logger.exception("numbakv tier: on_job_done failed for job %r", job_id)
+
+
+def host_rows(host_pool: np.ndarray | HostPoolLike) -> np.ndarray:
+    """The host pool's rows: a HostPool's `blocks` (read without importing the data path), or the
+    2-D uint8 array itself; anything else is refused, naming what was given."""
+    rows = host_pool if isinstance(host_pool, np.ndarray) else getattr(host_pool, "blocks", None)
+    if not (
+        isinstance(rows, np.ndarray)
+        and rows.dtype == np.uint8
+        and rows.ndim == 2
+        and rows.flags.c_contiguous
+    ):
+        raise ValueError(
+            "host_pool must be a numbakv HostPool or a C-contiguous 2-D uint8 array (one row per "
+            f"chunk), got {type(host_pool).__name__} {getattr(host_pool, 'dtype', '')} "
+            f"{getattr(host_pool, 'shape', '')}"
+        )
+    return rows
 
 
 def _checked_keys(keys: Sequence[bytes]) -> list[bytes]:

@@ -31,9 +31,18 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import DEMOTE, TIERINGS, KVOffloader
 from numbakv.policies import POLICIES, resolve_policy
 from numbakv.simulator import simulate_without_gpu
+from numbakv.tiers.backend import TierOpenError
+from numbakv.tiers.settings import redacted
 from numbakv.tools.belady import BELADY
 from numbakv.tools.cli import INTERRUPTED, Parser, positive_int, print_json
-from numbakv.tools.demo_tier import TierOpenError, demo_namespace, open_tier, tier_spec_error
+from numbakv.tools.demo_tier import (
+    TTL_S,
+    demo_namespace,
+    describe_tier,
+    open_tier,
+    tier_failure,
+    tier_spec_error,
+)
 from numbakv.tools.planning import bytes_label
 from numbakv.tools.progress import track
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
@@ -80,6 +89,7 @@ class DemoReport:
     tier_stored: int = 0  # blocks this engine copied down to the tier
     tier_flushed: int = 0  # of those, from host memory when the engine finished
     tier_flush_failed: int = 0  # blocks the tier failed to store then
+    tier_unavailable: int = 0  # calls that found the tier unreachable (or skipped while it was)
     computed: int = 0
     verified: int = 0
     mismatched: int = 0
@@ -230,6 +240,7 @@ class StandInEngine:
             self.report.tier_flush_failed = len(flushed.failed)
             self.report.tier_stored = self.tier.counters.stored
             self.report.tier_hits_from_others = self.tier.counters.loaded_other
+            self.report.tier_unavailable = self.tier.counters.unavailable
             self.tier.close()
 
     def _allocate(self, n: int, keep: set) -> np.ndarray:
@@ -352,7 +363,8 @@ def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) ->
     if config.tier:
         failed = f", {report.tier_flush_failed:,} failed" if report.tier_flush_failed else ""
         print(
-            f"tier below     {config.tier} ({config.tiering}): {report.tier_stored:,} blocks "
+            f"tier below     {describe_tier(config.tier)} ({config.tiering}): "
+            f"{report.tier_stored:,} blocks "
             f"stored ({report.tier_flushed:,} flushed from host memory at the end{failed}), "
             f"{report.tier_hits_from_others:,} loaded that another engine stored; "
             f"{report.first_requests_tier_hits:,} hits in the first {FIRST_REQUESTS} requests",
@@ -429,7 +441,8 @@ def _parser() -> Parser:
         metavar="TIER",
         help="a tier below host memory, shared by two engines run one after the other in two "
         "processes: dir:PATH (a local directory, bounded at 1 GiB) or redis://HOST:PORT/DB "
-        "(default: none, one engine)",
+        f"(a Redis or Valkey server; values expire after {TTL_S:g} s), settings in the URL's query "
+        "(?ttl_s=60; docs/TIERS.md) (default: none, one engine)",
     )
     parser.add_argument(
         "--tiering",
@@ -458,8 +471,8 @@ def _check(parser: Parser, config: DemoConfig) -> None:
         if ":" in config.policy:
             parser.error(f"argument --policy: {error}")
         parser.bad("--policy", config.policy, f"one of {', '.join(POLICIES)}, or module:Class")
-    if config.tier is not None and (expected := tier_spec_error(config.tier)):
-        parser.bad("--tier", config.tier, expected)
+    if config.tier is not None and (why := tier_spec_error(config.tier)):
+        parser.error(f"argument --tier: {why}")  # not `bad`: it would show the password
     if config.trace is not None:
         try:
             check_trace(config.trace)
@@ -504,10 +517,17 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
     else:
         status = 1 if any(report.mismatched for report in reports) else 0
+    failures = []
     for number, report in enumerate(reports, 1):
         if config.tier is not None:
             print(f"engine {number} of {ENGINES}, in a process of its own", file=text)
+            if why := tier_failure(report):
+                failures.append(f"engine {number}: {why}")
         _print(report, config, text)
+    if failures and status != INTERRUPTED:
+        sys.stderr.write(f"{parser.prog}: error: --tier {redacted(config.tier)}: ")
+        sys.stderr.write("; ".join(failures) + "\n")
+        status = 1
     if as_json:
         served = {"engines": [asdict(r) for r in reports]} if config.tier else asdict(reports[0])
         print_json({"config": asdict(config), "interrupted": status == INTERRUPTED, **served})
