@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -292,16 +291,28 @@ class RedisBackend(ChunkBackend):
         window: int,
     ) -> list:
         """The commands of `keys[indexes]` on one connection of `server`'s pool, their replies
-        read in order (resp.py). A connection left midway is closed, so the next one taken from
-        the pool starts clean."""
+        read in order (resp.py), at most `window` commands unanswered: the server holds that
+        many replies at once instead of the whole batch's (a reply queued costs it a copy into
+        fresh memory). A connection left midway is closed, so the next one starts clean."""
         pool = server.connection_pool
         try:
             connection = pool.get_connection()
         except _UNREACHABLE as error:
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+        sock, answers, sent = connection._sock, [], 0
         try:
-            with whole_reads(connection._sock) as flags:
-                return self._exchange(connection._sock, flags, keys, indexes, pack, read, window)
+            with whole_reads(sock) as flags:
+                replies = Replies(sock, flags)
+                for position, index in enumerate(indexes):
+                    if sent < len(indexes) and sent - position <= window // 2:
+                        upto = min(len(indexes), position + window)
+                        buffers = []
+                        for later in indexes[sent:upto]:
+                            buffers += pack(later, self._prefix + keys[later])
+                        send(sock, buffers)
+                        sent = upto
+                    answers.append(read(replies, index))
+            return answers
         except _UNREACHABLE as error:
             connection.disconnect()
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
@@ -310,31 +321,6 @@ class RedisBackend(ChunkBackend):
             raise
         finally:
             pool.release(connection)
-
-    def _exchange(
-        self,
-        sock: socket.socket,
-        flags: int,
-        keys: Sequence[bytes],
-        indexes: Sequence[int],
-        pack,
-        read,
-        window: int,
-    ) -> list:
-        """Send the commands and read their replies in order, at most `window` commands
-        unanswered: a server holds that many replies at once instead of the whole batch's (its
-        output buffer grows, and costs it a copy into fresh memory, for every reply queued)."""
-        replies, answers, sent = Replies(sock, flags), [], 0
-        for position, index in enumerate(indexes):
-            if sent < len(indexes) and sent - position <= window // 2:
-                upto = min(len(indexes), position + window)
-                buffers = []
-                for later in indexes[sent:upto]:
-                    buffers += pack(later, self._prefix + keys[later])
-                send(sock, buffers)
-                sent = upto
-            answers.append(read(replies, index))
-        return answers
 
     def _check_capacity_policy(self) -> None:
         """Refuse a server that rejects writes when full unless values expire; say when unknown."""
