@@ -91,7 +91,7 @@ class Store:
         config = LMCacheEngineConfig.from_defaults(
             chunk_size=TOKENS,
             local_cpu=False,
-            max_local_cpu_size=3 * chunks * chunk_bytes / 2**30 + 0.1,
+            max_local_cpu_size=2 * chunks * chunk_bytes / 2**30 + 0.1,  # stored + loaded
             local_disk=request["where"] if disk else None,
             # Its count of bytes stored only grows (a forced remove leaves it): no bound here.
             max_local_disk_size=1 << 20 if disk else 0,

@@ -197,7 +197,8 @@ class ChunkTier:
         self._pending: set[Future] = set()
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
-        self._last_lookup: tuple[Future, float] = (_STALLED, 0.0)  # the last asked, and when
+        # The oldest lookup the store has not answered yet (or the last answered), and when.
+        self._last_lookup: tuple[Future, float] = (_STALLED, 0.0)
         self._io_threads = ThreadPoolExecutor(
             settings.io_threads, thread_name_prefix="numbakv-tier-io"
         )
@@ -248,7 +249,8 @@ class ChunkTier:
             self._count_late()
             return TierLookup(_STALLED, len(keys), 0.0, self._count_late)
         future = self._lookup_thread.submit(self._lookup, keys)
-        self._last_lookup = (future, now)
+        if asked.done():  # the oldest unanswered: every later lookup waits behind it
+            self._last_lookup = (future, now)
         return TierLookup(future, len(keys), self.lookup_deadline_s, self._count_late)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
