@@ -8,7 +8,8 @@ sources' runs alternate within a round):
   file system delivers to one sequential stream with the page cache bypassed;
 - `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk);
 - `vllm-fs`: vLLM 0.32's `FileSystemTierManager` on the same pool and chunks, its C I/O where
-  built (run with vLLM installed; left out otherwise), as many threads as numbakv's;
+  built (run with vLLM installed; left out otherwise), as many threads as numbakv's: half of
+  them load-first and half store-first (each group takes the other's work when it has none);
 - `lmcache-disk`: LMCache 0.5.6's `LocalDiskBackend` with O_DIRECT, as many I/O threads, on
   chunks of the same size in its own memory (run with `--lmcache-python`, the Python of an
   environment with LMCache: benchmarks/lmcache_baseline.py; left out otherwise).
@@ -153,8 +154,8 @@ def vllm_fs_run(setup: Setup) -> dict[str, float]:
         memoryview(setup.pool),
         "fs",
         root_dir=str(directory),
-        n_read_threads=setup.threads,
-        n_write_threads=setup.threads,
+        n_read_threads=max(1, setup.threads // 2),
+        n_write_threads=max(1, setup.threads // 2),
     )
     stored = setup.pool.copy()
     seconds = {}

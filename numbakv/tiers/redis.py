@@ -39,6 +39,7 @@ from redis.retry import Retry
 
 from numbakv.checks import positive
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue, TierOpenError
+from numbakv.tiers.chunk_format import checksum
 from numbakv.tiers.resp import Replies, command, send, set_command, whole_reads
 from numbakv.tiers.settings import redacted, settings_from
 
@@ -201,10 +202,17 @@ class RedisBackend(ChunkBackend):
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
     ) -> list[StoredValue | None]:
+        def read(replies: Replies, index: int) -> object:
+            """The value into its row, its checksum taken here, on this stripe's thread."""
+            value, payload = replies.value_into(header_bytes, payloads[index]), payloads[index]
+            if isinstance(value, StoredValue) and value.payload_bytes == payload.nbytes:
+                return value._replace(checksum=checksum(payload, keys[index]))
+            return value
+
         replies = self._pipelined(
             keys,
             lambda _, key: [command(b"GET", key)],
-            lambda replies, index: replies.value_into(header_bytes, payloads[index]),
+            read,
             sum(payload.nbytes for payload in payloads),
         )
         return [reply if isinstance(reply, StoredValue) else None for reply in replies]

@@ -403,10 +403,7 @@ class ChunkTier:
 
     def _store(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
-        headers = [
-            encode_header(self._namespace_digest, self.writer_id, p, key)
-            for key, p in zip(keys, payloads)
-        ]
+        headers = _Headers(self._namespace_digest, self.writer_id, keys, payloads)
         written = self._ask_backend(
             self.backend.write, [False] * len(keys), keys, headers, payloads
         )
@@ -431,7 +428,8 @@ class ChunkTier:
                 continue
             try:
                 header = parse_header(value.header)
-                verify(header, self._namespace_digest, payload, value.payload_bytes, key)
+                digest = value.checksum
+                verify(header, self._namespace_digest, payload, value.payload_bytes, key, digest)
             except CorruptChunk as error:
                 logger.warning(
                     "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
@@ -481,6 +479,25 @@ class ChunkTier:
                 self._on_job_done(job)
             except Exception:  # the job is reported all the same
                 logger.exception("numbakv tier: on_job_done failed for job %r", job_id)
+
+
+class _Headers(Sequence[bytes]):
+    """A store job's headers, each encoded (its payload's checksum taken) when the backend asks
+    for it: on the backend's own threads, one chunk's checksum beside another's I/O, where the
+    backend spreads a batch over threads."""
+
+    def __init__(
+        self, namespace: bytes, writer: bytes, keys: list[bytes], payloads: list[memoryview]
+    ) -> None:
+        self._namespace, self._writer = namespace, writer
+        self._keys, self._payloads = keys, payloads
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, index: int) -> bytes:  # by position, as backends ask
+        payload, key = self._payloads[index], self._keys[index]
+        return encode_header(self._namespace, self._writer, payload, key)
 
 
 def host_rows(host_pool: np.ndarray | HostPoolLike) -> np.ndarray:
