@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbakv.checks import positive
 from numbakv.policies import NOT_READY, resolve_policy
 from numbakv.request_access import RequestAccess
 from numbakv.specs import (
@@ -51,16 +52,8 @@ MAX_TRACKER_SIZE = 64_000
 """Recent hashes whose store offers are counted for `store_threshold` admission (vLLM's default)."""
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
-
-
 def _size(name: str, value: object) -> int:
-    value = _positive_int(name, value)
+    value = positive(name, value, integer=True)
     if value > MAX_SIZE:
         raise ValueError(f"{name} must be at most 2**31 ({MAX_SIZE:,}), got {value:,}")
     return value
@@ -120,8 +113,8 @@ class CPUOffloadingManager:
     ) -> None:
         self.block_size = _size("block_size", block_size)
         self.num_blocks = _size("num_blocks", num_blocks)
-        self.store_threshold = _positive_int("store_threshold", store_threshold)
-        self.max_tracker_size = _positive_int("max_tracker_size", max_tracker_size)
+        self.store_threshold = positive("store_threshold", store_threshold, integer=True)
+        self.max_tracker_size = positive("max_tracker_size", max_tracker_size, integer=True)
         self.policy_name = cache_policy
         # Reader count of each host slot, by block id; free slots and blocks being stored hold -1.
         # Filled by _reset_slots, in place: the policy keeps a reference to this list.

@@ -17,11 +17,22 @@ class BackendUnavailable(Exception):
     """The store cannot be reached now; callers treat it as a miss or a failed job."""
 
 
+class TierOpenError(RuntimeError):
+    """A store that cannot be opened as configured (a refused password, a database that is not
+    there, a server that must answer at start and does not); the message is one line saying why."""
+
+
 class StoredValue(NamedTuple):
-    """What `read_into` found for one key: its header bytes and how many payload bytes it held."""
+    """What `read_into` found for one key: its header bytes and how many payload bytes it held.
+
+    `checksum`, where given, is `chunk_format.checksum` of the payload as copied, under its key: a
+    backend that reads on threads of its own computes it there, as each value arrives, instead of
+    the tier after the whole batch.
+    """
 
     header: bytes
     payload_bytes: int
+    checksum: int | None = None
 
 
 class Occupancy(NamedTuple):
@@ -33,6 +44,10 @@ class Occupancy(NamedTuple):
 
 class ChunkBackend(ABC):
     """Stores values (a header, then a payload) under byte-string keys, in batches."""
+
+    chunk_bytes: int | None = None
+    """The one payload length the backend takes (its files are sized for it), or None for any;
+    a tier checks it against its host pool's rows."""
 
     @abstractmethod
     def exists(self, keys: Sequence[bytes]) -> list[bool]:

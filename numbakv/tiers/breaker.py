@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 
+from numbakv.checks import positive
+
 logger = logging.getLogger("numbakv.tiers")
 
 
@@ -19,13 +21,7 @@ class CircuitBreaker:
     """Open/closed state of one store, shared by every thread that calls it."""
 
     def __init__(self, cooldown_s: float, name: str) -> None:
-        if (
-            isinstance(cooldown_s, bool)
-            or not isinstance(cooldown_s, (int, float))
-            or not cooldown_s > 0
-        ):
-            raise ValueError(f"breaker_cooldown_s must be > 0 seconds, got {cooldown_s!r}")
-        self.cooldown_s = float(cooldown_s)
+        self.cooldown_s = positive("breaker_cooldown_s", cooldown_s, unit="seconds")
         self.opened = 0  # times it opened since start
         self._name = name
         self._lock = threading.Lock()
@@ -35,6 +31,13 @@ class CircuitBreaker:
     @property
     def is_open(self) -> bool:
         return self._open_until is not None
+
+    def refusing(self) -> bool:
+        """Whether a call would be refused now (open, no probe due), without claiming a probe."""
+        with self._lock:
+            return self._open_until is not None and (
+                self._probing or time.monotonic() < self._open_until
+            )
 
     def allow(self) -> bool:
         """Whether a call may go to the store now: always when closed, one probe per cooldown when open."""

@@ -18,14 +18,19 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from numbakv.checks import positive
 from numbakv.manager import CPUOffloadingManager
+from numbakv.policies import resolve_policy
 from numbakv.tiers.backend import ChunkBackend, Occupancy, StoredValue
 from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, parse_header
 from numbakv.tiers.namespace import Namespace
+from numbakv.tiers.settings import settings_from
 
 logger = logging.getLogger("numbakv.tiers")
 
@@ -40,12 +45,43 @@ _REBUILD_BATCH = 4096
 _TEMP_SUFFIX = ".tmp"
 
 
+@dataclass(frozen=True)
+class DiskSettings:
+    """Where the chunk files go and how many may stay; checked when built.
+
+    `root_dir`: the directory (chunks go under `root_dir`/<namespace digest>/). `bytes_to_use`: the
+    most bytes of chunk files kept. `cache_policy`: any numbakv policy name or import path, which
+    picks what to evict past the bound. `track_removals`: remember the keys of files removed, for
+    `DiskBackend.take_removed` (vLLM's KV events).
+    """
+
+    root_dir: str | os.PathLike
+    bytes_to_use: int
+    cache_policy: str = "lru"
+    track_removals: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.root_dir, (str, os.PathLike)) or not os.fspath(self.root_dir):
+            raise ValueError(f"root_dir must be a directory's path, got {self.root_dir!r}")
+        object.__setattr__(
+            self, "bytes_to_use", positive("bytes_to_use", self.bytes_to_use, integer=True)
+        )
+        resolve_policy(self.cache_policy)
+        if not isinstance(self.track_removals, bool):
+            raise TypeError(f"track_removals must be true or false, got {self.track_removals!r}")
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any]) -> DiskSettings:
+        """Settings from a configuration's keys; an unknown or missing key is named in the error."""
+        return settings_from(cls, settings, "disk tier")
+
+
 class DiskBackend(ChunkBackend):
     """Chunk files under `root_dir`/<namespace digest>/, at most `bytes_to_use` of them.
 
-    `chunk_bytes` is one chunk's payload (a host-pool row); `cache_policy` is any numbakv policy
-    name or import path. Files already there are served after a restart. Several processes may
-    share a directory: each one bounds the files it wrote or found, and serves the others'.
+    The settings are `DiskSettings`'; `chunk_bytes` is one chunk's payload (a host-pool row). Files
+    already there are served after a restart. Several processes may share a directory: each one
+    bounds the files it wrote or found, and serves the others'.
     """
 
     def __init__(
@@ -59,19 +95,17 @@ class DiskBackend(ChunkBackend):
     ) -> None:
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
-        for name, value in (("chunk_bytes", chunk_bytes), ("bytes_to_use", bytes_to_use)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.chunk_bytes = chunk_bytes
+        self.settings = DiskSettings(root_dir, bytes_to_use, cache_policy, track_removals)
+        self.chunk_bytes = chunk_bytes = positive("chunk_bytes", chunk_bytes, integer=True)
         self.file_bytes = ALIGNMENT + _aligned(chunk_bytes)
-        if bytes_to_use < self.file_bytes:
+        if self.settings.bytes_to_use < self.file_bytes:
             raise ValueError(
                 f"bytes_to_use must hold at least one chunk file ({self.file_bytes:,} bytes for "
-                f"chunks of {chunk_bytes:,}), got {bytes_to_use:,}"
+                f"chunks of {chunk_bytes:,}), got {self.settings.bytes_to_use:,}"
             )
         self._index = CPUOffloadingManager(
             block_size=1,
-            num_blocks=bytes_to_use // self.file_bytes,
+            num_blocks=self.settings.bytes_to_use // self.file_bytes,
             cache_policy=cache_policy,
             enable_events=track_removals,
         )
@@ -101,8 +135,11 @@ class DiskBackend(ChunkBackend):
     # --- the ChunkBackend contract ---
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        on_disk, evicted = self._on_disk(keys), []
         with self._lock:
-            return self._reconcile(keys)
+            ready = self._reconcile(keys, on_disk, evicted)
+        self._unlink(evicted)
+        return ready
 
     def write(
         self, keys: Sequence[bytes], headers: Sequence[bytes], payloads: Sequence[memoryview]
@@ -119,9 +156,9 @@ class DiskBackend(ChunkBackend):
                 )
         with self._lock:
             plan = self._index.prepare_store(keys)
-            if plan is None:  # every file is being read or written: nothing may be evicted
-                return [False] * len(keys)
-            self._unlink(plan.block_hashes_evicted)
+        if plan is None:  # every file is being read or written: nothing may be evicted
+            return [False] * len(keys)
+        self._unlink(plan.block_hashes_evicted)
         to_store, outcome = set(plan.block_hashes_to_store), {}
         for key, header, payload in zip(keys, headers, payloads):
             if key in to_store and key not in outcome:
@@ -134,10 +171,12 @@ class DiskBackend(ChunkBackend):
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
     ) -> list[StoredValue | None]:
+        on_disk, evicted = self._on_disk(keys), []
         with self._lock:
-            ready = self._reconcile(keys)
+            ready = self._reconcile(keys, on_disk, evicted)
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
+        self._unlink(evicted)
         try:
             values = [
                 self._read_file(key, payload) if there else None
@@ -150,8 +189,8 @@ class DiskBackend(ChunkBackend):
 
     def delete(self, keys: Sequence[bytes]) -> None:
         with self._lock:
-            self._unlink(keys)
             self._index.remove(keys)
+        self._unlink(keys)
 
     def touch(self, keys: Sequence[bytes]) -> None:
         with self._lock:
@@ -170,28 +209,35 @@ class DiskBackend(ChunkBackend):
         name = key.hex()
         return f"{self.directory}/{name[:2]}/{name}"
 
-    def _reconcile(self, keys: Sequence[bytes]) -> list[bool]:
-        """Bring the index in line with the directory for `keys` (under the lock): files another
-        process wrote join it, files another process removed leave it. Which keys are ready."""
+    def _on_disk(self, keys: Sequence[bytes]) -> list[bool]:
+        """Which keys have a file now (outside the lock: the index never waits on the disk)."""
+        return [os.path.exists(self._path(key)) for key in keys]
+
+    def _reconcile(
+        self, keys: Sequence[bytes], on_disk: Sequence[bool], evicted: list[bytes]
+    ) -> list[bool]:
+        """Bring the index in line with what the directory held for `keys` (under the lock):
+        files another process wrote join it, files another process removed leave it; the files
+        their joining evicts are added to `evicted`, for the caller to remove after the lock.
+        Which keys are ready."""
         index = self._index
         ready = []
-        for key in keys:
-            on_disk = os.path.exists(self._path(key))
+        for key, there in zip(keys, on_disk):
             if index.lookup((key,)):
-                if not on_disk:
+                if not there:
                     index.remove((key,))
-                ready.append(on_disk)
-            elif on_disk and not index.is_being_stored(key):
-                ready.append(self._adopt(key))
+                ready.append(there)
+            elif there and not index.is_being_stored(key):
+                ready.append(self._adopt(key, evicted))
             else:
                 ready.append(False)
         return ready
 
-    def _adopt(self, key: bytes) -> bool:
+    def _adopt(self, key: bytes, evicted: list[bytes]) -> bool:
         plan = self._index.prepare_store((key,))
         if plan is None:
             return False
-        self._unlink(plan.block_hashes_evicted)
+        evicted += plan.block_hashes_evicted
         self._index.complete_store((key,))
         return True
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from numbakv.checks import positive
 from numbakv.tiers.chunk_format import FORMAT_VERSION
 
 
@@ -43,9 +44,9 @@ class Namespace:
             "page_bytes",
             "tensor_parallel_size",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Namespace {name} must be a positive int, got {value!r}")
+            # Stored as a plain int: the digest's JSON takes no NumPy integer.
+            checked = positive(f"Namespace {name}", getattr(self, name), integer=True)
+            object.__setattr__(self, name, checked)
         rank = self.tensor_parallel_rank
         if (
             isinstance(rank, bool)

@@ -5,11 +5,10 @@ slot and two namespaces never share a key. Every batch is one pipeline (one roun
 over a bounded connection pool, run on the tier's threads. A value is the chunk header then the
 payload, written by one SET: a reader sees all of it or none of it.
 
-Copies of a payload (redis-py with hiredis): a store joins header and payload into one bytes value
-(1) which hiredis packs into the command (2), then the kernel sends it; a load gets the reply from
-the socket into redis-py's read buffer (1), hiredis's reader (2) and a bytes value (3), copied into
-the host-pool row (4). redis-py joins a command's arguments, so none of these can be skipped without
-writing protocol code of our own.
+Copies of a payload: none. redis-py keeps the connections (pool, TLS, AUTH/ACL, the database, a
+cluster's nodes); the chunks' commands and replies go through `resp.py`, which hands the kernel the
+host-pool row as it lies and reads a loaded value straight into its row (redis-py alone would copy
+a payload twice on the way out and three times on the way in, then once more into the row).
 
 Capacity: at start the backend reads each server's `maxmemory-policy`; a policy that refuses writes
 when the server is full (`noeviction`, or `volatile-*` with no TTL on our keys) stops the engine
@@ -21,9 +20,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -37,12 +37,31 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue
+from numbakv.checks import positive
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue, TierOpenError
+from numbakv.tiers.chunk_format import checksum
+from numbakv.tiers.resp import Replies, command, send, set_command, whole_reads
+from numbakv.tiers.settings import redacted, settings_from
 
 logger = logging.getLogger("numbakv.tiers")
 
-SCHEMES = ("redis", "rediss")
+SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
+"""The URL schemes taken, and what each is to the client (a Valkey server speaks Redis's protocol)."""
+TLS_URL_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+    "ssl_min_version",
+)
+"""The client's TLS options a URL's query may carry (`?ssl_ca_certs=PATH`)."""
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
+WINDOW_BYTES = 2 << 20
+"""Bytes of chunks a connection has asked for and not yet received (at least one chunk)."""
+STRIPE_BYTES = 8 << 20
+"""The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
 _UNREACHABLE = (RedisError, RedisClusterException, OSError)
 # Policies under which a full server refuses writes to keys without a TTL.
@@ -57,14 +76,17 @@ _REFUSING_POLICIES = (
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """How to reach the store and what to write there; `from_mapping` checks every key.
+    """How to reach the store and what to write there; checked when built.
 
-    `url`: `redis://` or `rediss://` (TLS), with `user:password@` for AUTH/ACL or without it, the
-    password then read from the environment variable named by `password_env` (never logged).
-    `cluster`: the URL names one node of a Redis Cluster. `ttl_s`: every value expires after this
-    many seconds (required against a server that refuses writes when full). `max_connections`:
-    the pool's bound (per node in a cluster). `socket_timeout_s`: how long one batch may wait on
-    the server before the store counts as unreachable; `connect_timeout_s` the same for connecting.
+    `url`: `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://` (the same for a Valkey
+    server), with `user:password@` for AUTH/ACL or without it, the password then read from the
+    environment variable named by `password_env` (never logged); its path is the database number
+    (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `cluster`: the URL names one
+    node of a Redis Cluster. `ttl_s`: every value expires after this many seconds (required
+    against a server that refuses writes when full). `max_connections`: the pool's bound (per node
+    in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
+    chunks is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server. `socket_timeout_s`: how long one batch may wait on the server before the store
+    counts as unreachable; `connect_timeout_s` the same for connecting.
     """
 
     url: str
@@ -72,65 +94,69 @@ class RedisSettings:
     key_prefix: str = "numbakv"
     ttl_s: float | None = None
     password_env: str = DEFAULT_PASSWORD_ENV
-    max_connections: int = 8
+    max_connections: int = 16
+    stripes: int = 8
     socket_timeout_s: float = 2.0
     connect_timeout_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or urlsplit(self.url).scheme not in SCHEMES:
-            raise ValueError(f"url must be a redis:// or rediss:// URL, got {redacted(self.url)!r}")
+            raise ValueError(
+                f"url must be a {', '.join(f'{scheme}://' for scheme in SCHEMES)} URL, got "
+                f"{redacted(self.url)!r}"
+            )
+        parts = urlsplit(self.url)
+        for option in parse_qs(parts.query, keep_blank_values=True):
+            if option not in TLS_URL_OPTIONS:
+                raise ValueError(
+                    f"unknown Redis URL option {option!r}; a URL's query takes numbakv's tier "
+                    f"settings (through open_tier) and {', '.join(TLS_URL_OPTIONS)}"
+                )
         if not isinstance(self.cluster, bool):
             raise TypeError(f"cluster must be true or false, got {self.cluster!r}")
+        database = self.database
+        if self.cluster and database != 0:
+            raise ValueError(f"a Redis Cluster has database 0 only, the url names /{database}")
         if not isinstance(self.key_prefix, str) or not self.key_prefix:
             raise ValueError(f"key_prefix must be a non-empty string, got {self.key_prefix!r}")
-        if self.ttl_s is not None and not _positive(self.ttl_s):
-            raise ValueError(f"ttl_s must be a positive number of seconds, got {self.ttl_s!r}")
+        if self.ttl_s is not None:
+            object.__setattr__(self, "ttl_s", positive("ttl_s", self.ttl_s, unit="seconds"))
         if not isinstance(self.password_env, str) or not self.password_env:
             raise ValueError(
                 f"password_env must name an environment variable, got {self.password_env!r}"
             )
-        if (
-            isinstance(self.max_connections, bool)
-            or not isinstance(self.max_connections, int)
-            or self.max_connections < 1
-        ):
-            raise ValueError(
-                f"max_connections must be a positive int, got {self.max_connections!r}"
-            )
+        for name in ("max_connections", "stripes"):
+            object.__setattr__(self, name, positive(name, getattr(self, name), integer=True))
         for name in ("socket_timeout_s", "connect_timeout_s"):
-            if not _positive(getattr(self, name)):
-                raise ValueError(
-                    f"{name} must be a positive number of seconds, got {getattr(self, name)!r}"
-                )
+            object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> RedisSettings:
         """Settings from a configuration's keys; an unknown or missing key is named in the error."""
-        known = {field.name for field in fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
+        return settings_from(cls, settings, "Redis tier")
+
+    @property
+    def database(self) -> int:
+        """The database number the URL's path names: `/N`, or 0 for none."""
+        path = unquote(urlsplit(self.url).path).strip("/")
+        if not path:
+            return 0
+        if not path.isdigit():
             raise ValueError(
-                f"unknown Redis tier setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
+                f"the url's path must be a database number (/0), got /{path} in "
+                f"{redacted(self.url)}"
             )
-        if "url" not in settings:
-            raise ValueError("the Redis tier needs a url setting (redis://host:6379/0)")
-        return cls(**settings)
+        return int(path)
+
+    @property
+    def client_url(self) -> str:
+        """The URL as the client takes it: valkey:// and valkeys:// spelled redis:// and rediss://."""
+        scheme, _, rest = self.url.partition(":")
+        return f"{SCHEMES[scheme]}:{rest}"
 
     @property
     def ttl_ms(self) -> int | None:
         return None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
-
-
-def redacted(url: object) -> str:
-    """The URL with its password and query (which may hold one) hidden: what logs may show."""
-    if not isinstance(url, str):
-        return repr(url)
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user = netloc.rsplit("@", 1)[0].split(":", 1)[0]
-        netloc = f"{user}:***@{netloc.rsplit('@', 1)[1]}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 class RedisBackend(ChunkBackend):
@@ -152,53 +178,81 @@ class RedisBackend(ChunkBackend):
         except BaseException:  # refused at start: no connection outlives the error
             self._client.close()
             raise
+        self._stripes = ThreadPoolExecutor(settings.stripes, thread_name_prefix="numbakv-redis")
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        replies = self._pipelined(lambda pipe, key, _: pipe.exists(key), keys)
+        replies = self._pipelined(keys, lambda _, key: [command(b"EXISTS", key)], _reply)
         return [reply == 1 for reply in replies]
 
     def write(
         self, keys: Sequence[bytes], headers: Sequence[bytes], payloads: Sequence[memoryview]
     ) -> list[bool]:
         ttl_ms = self.settings.ttl_ms
-        values = [b"".join((header, payload)) for header, payload in zip(headers, payloads)]
-        replies = self._pipelined(lambda pipe, key, i: pipe.set(key, values[i], px=ttl_ms), keys)
+        replies = self._pipelined(
+            keys,
+            lambda index, key: set_command(key, headers[index], payloads[index], ttl_ms),
+            _reply,
+            sum(payload.nbytes for payload in payloads),
+        )
         refused = [reply for reply in replies if isinstance(reply, ResponseError)]
         if refused:
             logger.debug("numbakv Redis tier: %d writes refused: %s", len(refused), refused[0])
-        return [reply is True for reply in replies]
+        return [reply == b"OK" for reply in replies]
 
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
     ) -> list[StoredValue | None]:
-        found: list[StoredValue | None] = []
-        for value, payload in zip(
-            self._pipelined(lambda pipe, key, _: pipe.get(key), keys), payloads
-        ):
-            if not isinstance(value, bytes):
-                found.append(None)
-                continue
-            body = memoryview(value)[header_bytes:]
-            count = min(body.nbytes, payload.nbytes)
-            payload[:count] = body[:count]
-            found.append(StoredValue(value[:header_bytes], body.nbytes))
-        return found
+        def read(replies: Replies, index: int) -> object:
+            """The value into its row, its checksum taken here, on this stripe's thread."""
+            value, payload = replies.value_into(header_bytes, payloads[index]), payloads[index]
+            if isinstance(value, StoredValue) and value.payload_bytes == payload.nbytes:
+                return value._replace(checksum=checksum(payload, keys[index]))
+            return value
+
+        replies = self._pipelined(
+            keys,
+            lambda _, key: [command(b"GET", key)],
+            read,
+            sum(payload.nbytes for payload in payloads),
+        )
+        return [reply if isinstance(reply, StoredValue) else None for reply in replies]
 
     def delete(self, keys: Sequence[bytes]) -> None:
-        self._pipelined(lambda pipe, key, _: pipe.delete(key), keys)
+        self._pipelined(keys, lambda _, key: [command(b"DEL", key)], _reply)
 
     def close(self) -> None:
+        self._stripes.shutdown()
         self._client.close()
 
-    def _pipelined(self, command, keys: Sequence[bytes]) -> list:
-        """`command(pipeline, full key, index in keys)` per key, pipelined: one round trip per
-        server. A command's error is its reply; so is a cluster node's unreachability for its
-        keys (the other nodes' keys still move); a store entirely unreachable is
-        BackendUnavailable."""
+    def _pipelined(self, keys: Sequence[bytes], pack, read, payload_bytes: int = 0) -> list:
+        """One command per key, pipelined: one round trip per server. `pack(index in keys, full
+        key)` gives a command's buffers, `read(replies, index)` its reply. A command's error is
+        its reply; so is a cluster node's unreachability for its keys (the other nodes' keys
+        still move); a store entirely unreachable is BackendUnavailable. On a standalone server,
+        `payload_bytes` of chunks are spread over stripes."""
         if not keys:
             return []
+        window = len(keys)
+        if payload_bytes:
+            window = max(1, WINDOW_BYTES * len(keys) // payload_bytes)
         if not self.settings.cluster:
-            return self._pipeline_on(self._client, command, keys, range(len(keys)))
+            count = min(self.settings.stripes, len(keys), payload_bytes // STRIPE_BYTES)
+            if count < 2:
+                return self._pipeline_on(self._client, keys, range(len(keys)), pack, read, window)
+            step = -(-len(keys) // count)
+            stripes = [
+                self._stripes.submit(
+                    self._pipeline_on,
+                    self._client,
+                    keys,
+                    range(start, min(start + step, len(keys))),
+                    pack,
+                    read,
+                    window,
+                )
+                for start in range(0, len(keys), step)
+            ]
+            return [reply for stripe in stripes for reply in stripe.result()]
         replies: list = [None] * len(keys)
         by_node: dict[str, list[int]] = {}
         nodes = {}
@@ -214,7 +268,7 @@ class RedisBackend(ChunkBackend):
         for name, indexes in by_node.items():
             server = self._client.get_redis_connection(nodes[name])
             try:
-                node_replies = self._pipeline_on(server, command, keys, indexes)
+                node_replies = self._pipeline_on(server, keys, indexes, pack, read, window)
                 answered += 1
             except BackendUnavailable as error:
                 node_replies = [error] * len(indexes)
@@ -237,18 +291,44 @@ class RedisBackend(ChunkBackend):
 
     def _pipeline_on(
         self,
-        server: redis.Redis | RedisCluster,
-        command,
+        server: redis.Redis,
         keys: Sequence[bytes],
         indexes: Sequence[int],
+        pack,
+        read,
+        window: int,
     ) -> list:
+        """The commands of `keys[indexes]` on one connection of `server`'s pool, their replies
+        read in order (resp.py), at most `window` commands unanswered: the server holds that
+        many replies at once instead of the whole batch's (a reply queued costs it a copy into
+        fresh memory). A connection left midway is closed, so the next one starts clean."""
+        pool = server.connection_pool
         try:
-            pipe = server.pipeline(transaction=False)
-            for index in indexes:
-                command(pipe, self._prefix + keys[index], index)
-            return pipe.execute(raise_on_error=False)
+            connection = pool.get_connection()
         except _UNREACHABLE as error:
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+        sock, answers, sent = connection._sock, [], 0
+        try:
+            with whole_reads(sock) as flags:
+                replies = Replies(sock, flags)
+                for position, index in enumerate(indexes):
+                    if sent < len(indexes) and sent - position <= window // 2:
+                        upto = min(len(indexes), position + window)
+                        buffers = []
+                        for later in indexes[sent:upto]:
+                            buffers += pack(later, self._prefix + keys[later])
+                        send(sock, buffers)
+                        sent = upto
+                    answers.append(read(replies, index))
+            return answers
+        except _UNREACHABLE as error:
+            connection.disconnect()
+            raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
 
     def _check_capacity_policy(self) -> None:
         """Refuse a server that rejects writes when full unless values expire; say when unknown."""
@@ -278,7 +358,7 @@ class RedisBackend(ChunkBackend):
                 continue
             policy, maxmemory = config.get("maxmemory-policy", ""), int(config.get("maxmemory", 0))
             if policy in _REFUSING_POLICIES and self.settings.ttl_s is None:
-                raise RuntimeError(
+                raise TierOpenError(
                     f"Redis at {where} has maxmemory-policy {policy}: once full it refuses every "
                     "write. Set ttl_s (seconds) so numbakv's values expire, or give the server an "
                     "allkeys-* policy (allkeys-lru) and a maxmemory"
@@ -292,29 +372,40 @@ class RedisBackend(ChunkBackend):
             logger.info("numbakv Redis tier: %s maxmemory %d, policy %s", where, maxmemory, policy)
 
 
+class PasswordRefused(TierOpenError, AuthenticationError):
+    """The server refused the password or the user, or asked for one none was given: a
+    TierOpenError, and the client's AuthenticationError as before."""
+
+
 def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
     """A client over a bounded pool, no retries (the tier's breaker handles a down store). Stops
-    the engine when the password is refused, or when no node of a cluster answers."""
+    the engine (TierOpenError) when the password or user is refused, the database is not there,
+    or no node of a cluster answers; a standalone server that does not answer is served around."""
     options: dict[str, Any] = {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "retry": Retry(NoBackoff(), 0),
+        "protocol": 2,  # replies resp.py reads; nothing pushed unasked (RESP3's notifications)
     }
-    if urlsplit(settings.url).password is None and os.environ.get(settings.password_env):
-        options["password"] = os.environ[settings.password_env]
+    password = urlsplit(settings.url).password
+    if password is None and os.environ.get(settings.password_env):
+        options["password"] = password = os.environ[settings.password_env]
+    where = redacted(settings.url)
     if settings.cluster:
         try:  # the client learns the cluster's slots now: it needs a node to answer
             client = RedisCluster.from_url(
-                settings.url, max_connections=settings.max_connections, **options
+                settings.client_url, max_connections=settings.max_connections, **options
             )
+        except AuthenticationError as error:
+            raise _password_error(where, password, settings.password_env, error) from None
         except _UNREACHABLE as error:
-            raise RuntimeError(
-                f"Redis Cluster at {redacted(settings.url)} did not answer at start, so its "
-                f"slots are unknown: {error}"
+            raise TierOpenError(
+                f"Redis Cluster at {where} did not answer at start, so its slots are unknown: "
+                f"{error}"
             ) from None
     else:
         pool = redis.BlockingConnectionPool.from_url(
-            settings.url,
+            settings.client_url,
             max_connections=settings.max_connections,
             timeout=settings.socket_timeout_s,
             **options,
@@ -324,19 +415,33 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
         client.ping()
     except AuthenticationError as error:
         client.close()
-        raise AuthenticationError(
-            f"Redis at {redacted(settings.url)} refused the password (from the url or "
-            f"{settings.password_env}): {error}"
-        ) from None
+        raise _password_error(where, password, settings.password_env, error) from None
+    except ResponseError as error:  # connected, then refused: SELECT of a database not there
+        client.close()
+        raise TierOpenError(f"Redis at {where} refused the connection: {error}") from None
     except _UNREACHABLE:
         pass  # unreachable now: the tier serves from host memory until it answers
     return client
 
 
+def _password_error(
+    where: str, password: str | None, password_env: str, error: Exception
+) -> PasswordRefused:
+    if password is None:
+        return PasswordRefused(
+            f"Redis at {where} asks for a password: give it in the url "
+            f"(redis://USER:PASSWORD@host:port/0) or in {password_env}"
+        )
+    return PasswordRefused(
+        f"Redis at {where} refused the password (from the url or {password_env}): {error}"
+    )
+
+
+def _reply(replies: Replies, _index: int) -> object:
+    """The next reply as it is (a pipeline's reader where no reply goes into a row)."""
+    return replies.reply()
+
+
 def _moved(reply: object) -> bool:
     """A cluster node's answer that another node serves the key (MOVED, or ASK while migrating)."""
     return isinstance(reply, AskError)
-
-
-def _positive(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0

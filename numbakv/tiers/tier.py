@@ -20,9 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from queue import SimpleQueue
+from typing import Protocol
 
 import numpy as np
 
+from numbakv.checks import positive
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS, no_durations
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy
@@ -38,10 +40,46 @@ from numbakv.tiers.namespace import Namespace
 
 logger = logging.getLogger("numbakv.tiers")
 
+
+class HostPoolLike(Protocol):
+    """What a tier reads of a numbakv `HostPool` (the data path's, which a tier never imports)."""
+
+    @property
+    def blocks(self) -> np.ndarray: ...
+
+
 DEFAULT_LOOKUP_DEADLINE_S = 0.005
 DEFAULT_IO_THREADS = 4
 DEFAULT_BREAKER_COOLDOWN_S = 5.0
 UNLOADABLE_LIMIT = 1 << 16
+STALLED_DEADLINES = 10
+"""Deadlines a lookup may go unanswered before the store counts as stalled (`ChunkTier.lookup`)."""
+_STALLED: Future[list[bool]] = Future()  # the answer of a lookup not asked: failed, so misses
+_STALLED.set_exception(BackendUnavailable("the store left a lookup unanswered: stalled"))
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """How a tier runs over any backend, checked when built.
+
+    `lookup_deadline_s`: a batched lookup not answered by then is misses. `io_threads`: threads
+    moving chunks. `breaker_cooldown_s`: how long a store found unreachable is left alone before
+    one call probes it.
+    """
+
+    lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S
+    io_threads: int = DEFAULT_IO_THREADS
+    breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S
+
+    def __post_init__(self) -> None:
+        for name, integer in (
+            ("lookup_deadline_s", False),
+            ("io_threads", True),
+            ("breaker_cooldown_s", False),
+        ):
+            unit = "" if integer else "seconds"
+            value = positive(name, getattr(self, name), integer=integer, unit=unit)
+            object.__setattr__(self, name, value)
 
 
 @dataclass(slots=True)
@@ -112,16 +150,18 @@ class TierLookup:
 class ChunkTier:
     """A tier below host memory over one `ChunkBackend`, reading and writing `host_pool` rows.
 
-    `host_pool` is a 2-D uint8 array, one row per chunk (a view of the host tier's memory, never a
-    copy); `namespace` is checked in every value loaded; `writer_id` (8 bytes, random by default)
-    tells this engine's writes from others'. After a call finds the store unreachable, the tier
-    stops calling it for `breaker_cooldown_s` (lookups are misses, jobs fail), then probes it.
+    `host_pool` is a numbakv `HostPool` or its 2-D uint8 array (`HostPool.blocks`), one row per
+    chunk: a view of the host tier's memory, never a copy. `namespace` is checked in every value
+    loaded; `writer_id` (8 bytes, random by default) tells this engine's writes from others'. The
+    other settings are `TierSettings`'. After a call finds the store unreachable, the tier stops
+    calling it for `breaker_cooldown_s` (lookups are misses, jobs fail), then probes it.
+    `numbakv.tiers.open_tier` builds one from a URL.
     """
 
     def __init__(
         self,
         backend: ChunkBackend,
-        host_pool: np.ndarray,
+        host_pool: np.ndarray | HostPoolLike,
         namespace: Namespace,
         *,
         writer_id: bytes | None = None,
@@ -130,33 +170,21 @@ class ChunkTier:
         breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S,
         on_job_done: JobDoneCallback | None = None,
     ) -> None:
-        if not (
-            isinstance(host_pool, np.ndarray)
-            and host_pool.dtype == np.uint8
-            and host_pool.ndim == 2
-            and host_pool.flags.c_contiguous
-        ):
+        host_pool = host_rows(host_pool)
+        if backend.chunk_bytes is not None and backend.chunk_bytes != host_pool.shape[1]:
             raise ValueError(
-                "host_pool must be a C-contiguous 2-D uint8 array (one row per chunk), got "
-                f"{type(host_pool).__name__} {getattr(host_pool, 'dtype', '')} "
-                f"{getattr(host_pool, 'shape', '')}"
+                f"the backend's chunk_bytes ({backend.chunk_bytes:,}) must equal the host pool's "
+                f"row ({host_pool.shape[1]:,} bytes)"
             )
         writer_id = os.urandom(8) if writer_id is None else writer_id
         if not isinstance(writer_id, bytes) or len(writer_id) != 8:
             raise ValueError(f"writer_id must be 8 bytes, got {writer_id!r}")
-        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
-            raise ValueError(f"io_threads must be a positive int, got {io_threads!r}")
-        if (
-            isinstance(lookup_deadline_s, bool)
-            or not isinstance(lookup_deadline_s, (int, float))
-            or not lookup_deadline_s > 0
-        ):
-            raise ValueError(f"lookup_deadline_s must be > 0 seconds, got {lookup_deadline_s!r}")
-        self._breaker = CircuitBreaker(breaker_cooldown_s, type(backend).__name__)
+        settings = TierSettings(lookup_deadline_s, io_threads, breaker_cooldown_s)
+        self._breaker = CircuitBreaker(settings.breaker_cooldown_s, type(backend).__name__)
         self.backend = backend
         self.namespace = namespace
         self.writer_id = writer_id
-        self.lookup_deadline_s = lookup_deadline_s
+        self.lookup_deadline_s = settings.lookup_deadline_s
         self._counters = TierCounters()
         self._pool = host_pool
         self._namespace_digest = namespace.digest
@@ -169,7 +197,11 @@ class ChunkTier:
         self._pending: dict[Future, Hashable] = {}  # jobs submitted and not finished: their ids
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
-        self._io_threads = ThreadPoolExecutor(io_threads, thread_name_prefix="numbakv-tier-io")
+        # The oldest lookup the store has not answered yet (or the last answered), and when.
+        self._last_lookup: tuple[Future, float] = (_STALLED, 0.0)
+        self._io_threads = ThreadPoolExecutor(
+            settings.io_threads, thread_name_prefix="numbakv-tier-io"
+        )
         logger.info("numbakv tier over %s: %s", type(backend).__name__, namespace.describe())
 
     @property
@@ -199,9 +231,26 @@ class ChunkTier:
         return self.backend.occupancy()
 
     def lookup(self, keys: Sequence[bytes]) -> TierLookup:
-        """Start a batched lookup, answered off the caller's thread within the tier's deadline."""
+        """Start a batched lookup, answered off the caller's thread within the tier's deadline.
+
+        Lookups are asked one after another. While the store leaves one unanswered for
+        STALLED_DEADLINES deadlines, it is stalled: a new lookup is misses at once (counted late)
+        instead of waiting its deadline behind it, until the store answers or the breaker opens.
+        While the breaker is open, a lookup is answered (misses) on the caller's thread.
+        """
         keys = _checked_keys(keys)
+        if self._breaker.refusing():
+            answered: Future[list[bool]] = Future()
+            answered.set_result(self._refused_lookup(keys))
+            return TierLookup(answered, len(keys), 0.0, self._count_late)
+        now = time.monotonic()
+        asked, since = self._last_lookup
+        if not asked.done() and now - since > STALLED_DEADLINES * self.lookup_deadline_s:
+            self._count_late()
+            return TierLookup(_STALLED, len(keys), 0.0, self._count_late)
         future = self._lookup_thread.submit(self._lookup, keys)
+        if asked.done():  # the oldest unanswered: every later lookup waits behind it
+            self._last_lookup = (future, now)
         return TierLookup(future, len(keys), self.lookup_deadline_s, self._count_late)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
@@ -326,6 +375,15 @@ class ChunkTier:
     def _lookup(self, keys: list[bytes]) -> list[bool]:
         start = time.perf_counter()
         found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
+        return self._counted_lookup(keys, found, start)
+
+    def _refused_lookup(self, keys: list[bytes]) -> list[bool]:
+        """Misses, counted as a lookup the breaker refused, without calling the store."""
+        with self._lock:
+            self._counters.unavailable += 1
+        return self._counted_lookup(keys, [False] * len(keys), time.perf_counter())
+
+    def _counted_lookup(self, keys: list[bytes], found: list[bool], start: float) -> list[bool]:
         with self._lock:
             found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
             self._counters.lookups += len(keys)
@@ -355,10 +413,7 @@ class ChunkTier:
 
     def _store(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
-        headers = [
-            encode_header(self._namespace_digest, self.writer_id, p, key)
-            for key, p in zip(keys, payloads)
-        ]
+        headers = _Headers(self._namespace_digest, self.writer_id, keys, payloads)
         written = self._ask_backend(
             self.backend.write, [False] * len(keys), keys, headers, payloads
         )
@@ -383,7 +438,8 @@ class ChunkTier:
                 continue
             try:
                 header = parse_header(value.header)
-                verify(header, self._namespace_digest, payload, value.payload_bytes, key)
+                digest = value.checksum
+                verify(header, self._namespace_digest, payload, value.payload_bytes, key, digest)
             except CorruptChunk as error:
                 logger.warning(
                     "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
@@ -433,6 +489,43 @@ class ChunkTier:
                 self._on_job_done(job)
             except Exception:  # the job is reported all the same
                 logger.exception("numbakv tier: on_job_done failed for job %r", job_id)
+
+
+class _Headers(Sequence[bytes]):
+    """A store job's headers, each encoded (its payload's checksum taken) when the backend asks
+    for it: on the backend's own threads, one chunk's checksum beside another's I/O, where the
+    backend spreads a batch over threads."""
+
+    def __init__(
+        self, namespace: bytes, writer: bytes, keys: list[bytes], payloads: list[memoryview]
+    ) -> None:
+        self._namespace, self._writer = namespace, writer
+        self._keys, self._payloads = keys, payloads
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, index: int) -> bytes:  # by position, as backends ask
+        payload, key = self._payloads[index], self._keys[index]
+        return encode_header(self._namespace, self._writer, payload, key)
+
+
+def host_rows(host_pool: np.ndarray | HostPoolLike) -> np.ndarray:
+    """The host pool's rows: a HostPool's `blocks` (read without importing the data path), or the
+    2-D uint8 array itself; anything else is refused, naming what was given."""
+    rows = host_pool if isinstance(host_pool, np.ndarray) else getattr(host_pool, "blocks", None)
+    if not (
+        isinstance(rows, np.ndarray)
+        and rows.dtype == np.uint8
+        and rows.ndim == 2
+        and rows.flags.c_contiguous
+    ):
+        raise ValueError(
+            "host_pool must be a numbakv HostPool or a C-contiguous 2-D uint8 array (one row per "
+            f"chunk), got {type(host_pool).__name__} {getattr(host_pool, 'dtype', '')} "
+            f"{getattr(host_pool, 'shape', '')}"
+        )
+    return rows
 
 
 def _checked_keys(keys: Sequence[bytes]) -> list[bytes]:

@@ -276,14 +276,28 @@ def test_readme_commands_run_on_a_copy_with_nothing_beside_it(tmp_path):
     assert (clone / "mixed.jsonl").stat().st_size > 0
 
 
-def test_the_offloader_example_runs_as_written(tmp_path):
-    """docs/OFFLOADER.md's example, on a copy of nothing but itself: what a newcomer pastes."""
-    text = (ROOT / "docs" / "OFFLOADER.md").read_text()
+def run_example(doc: str, directory: Path) -> str:
+    """What the one ```python block of docs/`doc` prints, run on a copy of nothing but itself in
+    `directory`: what a newcomer pastes."""
+    text = (ROOT / "docs" / doc).read_text()
     (example,) = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
-    script = tmp_path / "example.py"
+    script = directory / "example.py"
     script.write_text(example)
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False
+        [sys.executable, str(script)], cwd=directory, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[('store', 3072), ('load', 2048)]"
+    return done.stdout
+
+
+def test_the_offloader_example_runs_as_written(tmp_path):
+    assert run_example("OFFLOADER.md", tmp_path).strip() == "[('store', 3072), ('load', 2048)]"
+
+
+def test_the_tiers_example_runs_as_written(tmp_path):
+    """docs/TIERS.md's example: a tier from a URL, a namespace, a store and a load."""
+    assert run_example("TIERS.md", tmp_path).splitlines() == [
+        "[True, True, False]",
+        "[('store', True), ('load', True)]",
+        "True",
+    ]

@@ -10,6 +10,7 @@ import numpy as np
 from numbakv.tiers import BackendUnavailable, ChunkBackend, ChunkTier, Namespace, StoredValue
 
 CHUNK_BYTES = 4096
+KEYS = [b"k%d" % i for i in range(4)]
 
 
 def namespace(**changes) -> Namespace:

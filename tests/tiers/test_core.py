@@ -23,6 +23,7 @@ from numbakv.tiers.chunk_format import (
 )
 from tests.support.tiers import (
     CHUNK_BYTES,
+    KEYS,
     DictBackend,
     SlowLoads,
     finished,
@@ -30,8 +31,6 @@ from tests.support.tiers import (
     random_pool,
     tier_over,
 )
-
-KEYS = [b"k%d" % i for i in range(4)]
 
 
 def test_namespace_digest_changes_with_every_field():

@@ -17,10 +17,6 @@ from typing import Any, ClassVar
 from vllm.v1.kv_offload.base import Locality, OffloadingEvent
 
 from numbakv.integrations.vllm.tiers import ChunkTierManager
-from numbakv.tiers import ChunkBackend, Namespace
-from numbakv.tiers.disk import DiskBackend
-
-SETTINGS = ("root_dir", "bytes_to_use", "cache_policy")
 
 
 class NumbaKVDiskTier(ChunkTierManager):
@@ -29,32 +25,12 @@ class NumbaKVDiskTier(ChunkTierManager):
     default_locality: ClassVar[Locality] = Locality.LOCAL
 
     @classmethod
-    def open_backend(
-        cls,
-        settings: Mapping[str, Any],
-        namespace: Namespace,
-        *,
-        chunk_bytes: int,
-        removal_events: bool,
-    ) -> ChunkBackend:
-        unknown = sorted(set(settings) - set(SETTINGS))
-        if unknown:
-            raise ValueError(
-                f"unknown disk tier setting {unknown[0]!r}; known: {', '.join(SETTINGS)}"
-            )
-        for required in SETTINGS[:2]:
-            if required not in settings:
-                raise ValueError(f"the disk tier needs a {required} setting")
-        if not isinstance(settings["root_dir"], str) or not settings["root_dir"]:
-            raise ValueError(f"disk tier root_dir must be a path, got {settings['root_dir']!r}")
-        return DiskBackend(
-            settings["root_dir"],
-            namespace,
-            chunk_bytes,
-            settings["bytes_to_use"],
-            settings.get("cache_policy", "lru"),
-            track_removals=removal_events,
-        )
+    def tier_url(
+        cls, settings: Mapping[str, Any], *, removal_events: bool
+    ) -> tuple[str, dict[str, Any]]:
+        """A bare `dir:`, the settings (`root_dir`, `bytes_to_use`, `cache_policy`) beside it,
+        with the removals tracked when vLLM's KV events are on."""
+        return "dir:", {**settings, "track_removals": removal_events}
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         """Chunks stored, then chunk files the disk index removed (evicted, damaged, gone)."""

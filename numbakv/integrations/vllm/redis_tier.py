@@ -15,8 +15,6 @@ from typing import Any, ClassVar
 from vllm.v1.kv_offload.base import Locality
 
 from numbakv.integrations.vllm.tiers import ChunkTierManager
-from numbakv.tiers import ChunkBackend, Namespace
-from numbakv.tiers.redis import RedisBackend, RedisSettings
 
 
 class NumbaKVRedisTier(ChunkTierManager):
@@ -25,13 +23,12 @@ class NumbaKVRedisTier(ChunkTierManager):
     default_locality: ClassVar[Locality] = Locality.REMOTE
 
     @classmethod
-    def open_backend(
-        cls,
-        settings: Mapping[str, Any],
-        namespace: Namespace,
-        *,
-        chunk_bytes: int,
-        removal_events: bool,
-    ) -> ChunkBackend:
-        """Redis evicts by its own maxmemory policy, unseen: neither argument changes it."""
-        return RedisBackend(RedisSettings.from_mapping(settings), namespace.digest)
+    def tier_url(
+        cls, settings: Mapping[str, Any], *, removal_events: bool
+    ) -> tuple[str, dict[str, Any]]:
+        """The `url` setting; Redis evicts by its own maxmemory policy, unseen, so
+        `removal_events` changes nothing."""
+        if "url" not in settings:
+            raise ValueError("the Redis tier needs a url setting (redis://host:6379/0)")
+        rest = {key: value for key, value in settings.items() if key != "url"}
+        return settings["url"], rest

@@ -41,7 +41,7 @@ from numbakv.integrations.vllm.process_metrics import start_process_metrics
 from numbakv.jobs import Direction
 from numbakv.metrics.definitions import Definition, Source, definition_of
 from numbakv.metrics.reported import ReportedSeries
-from numbakv.tiers import ChunkBackend, ChunkTier, Namespace
+from numbakv.tiers import ChunkTier, Namespace, open_tier
 from numbakv.tiers.tier import (
     DEFAULT_BREAKER_COOLDOWN_S,
     DEFAULT_IO_THREADS,
@@ -99,7 +99,8 @@ CONFIG_INFO_KEYS = ("numbakv_namespace", "numbakv_chunk_bytes", "numbakv_capacit
 
 
 class ChunkTierManager(SecondaryTierManager):
-    """vLLM's secondary-tier contract over a `ChunkTier` whose backend `open_backend` makes.
+    """vLLM's secondary-tier contract over a `ChunkTier` that `numbakv.tiers.open_tier` opens from
+    the URL `tier_url` makes of the tier's settings.
 
     Settings, beside the backend's own: `lookup_deadline_s` (a batched lookup not answered by
     then is misses), `io_threads`, `breaker_cooldown_s` (how long a store found unreachable is
@@ -131,25 +132,23 @@ class ChunkTierManager(SecondaryTierManager):
         rows, row_bytes = len(primary_kv_view), primary_kv_view.strides[0]
         host_pool = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(rows, row_bytes)
         emit = enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
-        backend = self.open_backend(
-            backend_settings, self.namespace, chunk_bytes=row_bytes, removal_events=emit
+        url, backend_settings = self.tier_url(backend_settings, removal_events=emit)
+        self.tier = open_tier(
+            url,
+            host_pool,
+            self.namespace,
+            io_threads=io_threads,
+            lookup_deadline_s=lookup_deadline_s,
+            breaker_cooldown_s=breaker_cooldown_s,
+            **backend_settings,
         )
-        tier = None
         try:  # a start that fails leaves no connection, thread or view of the host pool behind
-            self.tier = tier = ChunkTier(
-                backend,
-                host_pool,
-                self.namespace,
-                io_threads=io_threads,
-                lookup_deadline_s=lookup_deadline_s,
-                breaker_cooldown_s=breaker_cooldown_s,
-            )
             # numbakv's tier metrics for numbakv-sidecar (vLLM's tiering metrics count it either way).
             self._metrics = start_process_metrics(
                 offloading_spec.config.parallel, "scheduler", tiers={self.tier_type: self.tier}
             )
         except BaseException:
-            (backend if tier is None else tier).close()
+            self.tier.close()
             raise
         self._lookups = _Lookups(self.tier, tier_type)
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
@@ -163,18 +162,14 @@ class ChunkTierManager(SecondaryTierManager):
 
     @classmethod
     @abstractmethod
-    def open_backend(
-        cls,
-        settings: Mapping[str, Any],
-        namespace: Namespace,
-        *,
-        chunk_bytes: int,
-        removal_events: bool,
-    ) -> ChunkBackend:
-        """The backend from the tier's own settings; a bad or unknown key raises, naming it.
+    def tier_url(
+        cls, settings: Mapping[str, Any], *, removal_events: bool
+    ) -> tuple[str, dict[str, Any]]:
+        """The URL `open_tier` opens, and the settings it is given beside it, from the tier's own
+        settings (those not the generic adapter's); `open_tier` names a bad or unknown key.
 
-        `chunk_bytes` is one primary-tier row; `removal_events` says whether vLLM's KV events are
-        on, for a backend that removes chunks itself (the disk tier evicts) to report them.
+        `removal_events` says whether vLLM's KV events are on, for a backend that removes chunks
+        itself (the disk tier evicts) to report them.
         """
 
     @classmethod

@@ -16,6 +16,8 @@ from typing import TextIO
 
 from numbakv.cascade import TIERINGS
 from numbakv.policies import POLICIES, resolve_policy
+from numbakv.tiers.backend import TierOpenError
+from numbakv.tiers.settings import redacted
 from numbakv.tools.cli import INTERRUPTED, Interrupted, Parser, positive_int, print_json
 from numbakv.tools.demo.core import (
     DEFAULT_GPU_BLOCKS,
@@ -28,7 +30,7 @@ from numbakv.tools.demo.core import (
     run,
     run_engines,
 )
-from numbakv.tools.demo.tier import TierOpenError, tier_spec_error
+from numbakv.tools.demo.tier import TTL_S, describe_tier, tier_failure, tier_spec_error
 from numbakv.tools.replay.belady import BELADY
 from numbakv.tools.replay.planning import bytes_label
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace
@@ -55,7 +57,8 @@ def _print(report: DemoReport, config: DemoConfig, out: TextIO | None = None) ->
     if config.tier:
         failed = f", {report.tier_flush_failed:,} failed" if report.tier_flush_failed else ""
         print(
-            f"tier below     {config.tier} ({config.tiering}): {report.tier_stored:,} blocks "
+            f"tier below     {describe_tier(config.tier)} ({config.tiering}): "
+            f"{report.tier_stored:,} blocks "
             f"stored ({report.tier_flushed:,} flushed from host memory at the end{failed}), "
             f"{report.tier_hits_from_others:,} loaded that another engine stored; "
             f"{report.first_requests_tier_hits:,} hits in the first {FIRST_REQUESTS} requests",
@@ -132,7 +135,8 @@ def _parser() -> Parser:
         metavar="TIER",
         help="a tier below host memory, shared by two engines run one after the other in two "
         "processes: dir:PATH (a local directory, bounded at 1 GiB) or redis://HOST:PORT/DB "
-        "(default: none, one engine)",
+        f"(a Redis or Valkey server; values expire after {TTL_S:g} s), settings in the URL's query "
+        "(?ttl_s=60; docs/TIERS.md) (default: none, one engine)",
     )
     parser.add_argument(
         "--tiering",
@@ -161,8 +165,8 @@ def _check(parser: Parser, config: DemoConfig) -> None:
         if ":" in config.policy:
             parser.error(f"argument --policy: {error}")
         parser.bad("--policy", config.policy, f"one of {', '.join(POLICIES)}, or module:Class")
-    if config.tier is not None and (expected := tier_spec_error(config.tier)):
-        parser.bad("--tier", config.tier, expected)
+    if config.tier is not None and (why := tier_spec_error(config.tier)):
+        parser.error(f"argument --tier: {why}")  # not `bad`: it would show the password
     if config.trace is not None:
         try:
             check_trace(config.trace)
@@ -207,10 +211,17 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
     else:
         status = 1 if any(report.mismatched for report in reports) else 0
+    failures = []
     for number, report in enumerate(reports, 1):
         if config.tier is not None:
             print(f"engine {number} of {ENGINES}, in a process of its own", file=text)
+            if why := tier_failure(report):
+                failures.append(f"engine {number}: {why}")
         _print(report, config, text)
+    if failures and status != INTERRUPTED:
+        sys.stderr.write(f"{parser.prog}: error: --tier {redacted(config.tier)}: ")
+        sys.stderr.write("; ".join(failures) + "\n")
+        status = 1
     if as_json:
         served = {"engines": [asdict(r) for r in reports]} if config.tier else asdict(reports[0])
         print_json({"config": asdict(config), "interrupted": status == INTERRUPTED, **served})

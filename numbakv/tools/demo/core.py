@@ -74,6 +74,7 @@ class DemoReport:
     tier_stored: int = 0  # blocks this engine copied down to the tier
     tier_flushed: int = 0  # of those, from host memory when the engine finished
     tier_flush_failed: int = 0  # blocks the tier failed to store then
+    tier_unavailable: int = 0  # calls that found the tier unreachable (or skipped while it was)
     computed: int = 0
     verified: int = 0
     mismatched: int = 0
@@ -215,6 +216,7 @@ class StandInEngine:
             self.report.tier_flush_failed = len(flushed.failed)
             self.report.tier_stored = self.tier.counters.stored
             self.report.tier_hits_from_others = self.tier.counters.loaded_other
+            self.report.tier_unavailable = self.tier.counters.unavailable
             self.tier.close()
 
     def _allocate(self, n: int, keep: set) -> np.ndarray:

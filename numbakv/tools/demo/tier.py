@@ -1,38 +1,50 @@
-"""The demo's tier below host memory: `--tier dir:PATH` (a local directory) or `--tier
-redis://HOST:PORT/DB` (a Redis or Valkey server), opened as a `ChunkTier` over the stand-in
+"""The demo's tier below host memory: any URL `numbakv.tiers.open_tier` takes (`--tier dir:PATH`, a
+local directory; `--tier redis://HOST:PORT/DB`, a Redis or Valkey server), opened over the stand-in
 engine's host pool, so engines in other processes share what it stores."""
 
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import numpy as np
 
-from numbakv.tiers import ChunkTier, Namespace
+from numbakv.tiers import ChunkTier, Namespace, parse_tier_url
+from numbakv.tiers import open_tier as open_tier_url
+from numbakv.tiers.registry import DISK, REDIS, REGISTRY, tier_config
+from numbakv.tiers.settings import redacted
 from numbakv.tools.cli import install_hint
 
-DIR_PREFIX = "dir:"
-REDIS_SCHEMES = ("redis://", "rediss://")
 DISK_BYTES = 2**30
-"""The directory's bound: plenty for the demo's small blocks, evicted by LRU past it."""
+"""The directory's bound unless the URL sets bytes_to_use: plenty for the demo's small blocks,
+evicted by LRU past it."""
+TTL_S = 600.0
+"""How long the demo's values live on a Redis/Valkey server unless the URL sets ttl_s: a stock
+server (maxmemory-policy noeviction) refuses every write once full, so the demo's keys expire
+instead of filling it for good."""
 LOOKUP_DEADLINE_S = 0.5
 """Longer than the tier's default: on Numba's simulator a busy machine answers late, and the demo
 shows what is shared, not how fast a late answer is dropped."""
 
 
-class TierOpenError(Exception):
-    """The tier named could not be opened; the message says why."""
-
-
 def tier_spec_error(spec: str) -> str | None:
     """Why `spec` cannot name a tier (None when it can), before anything is opened."""
-    if spec.startswith(DIR_PREFIX):
-        return None if spec[len(DIR_PREFIX) :] else "dir: followed by a directory"
-    if spec.startswith(REDIS_SCHEMES):
-        if importlib.util.find_spec("redis") is None:
-            return f"a redis:// tier, with the 'redis' extra installed ({install_hint('redis')})"
-        return None
-    return "dir:PATH or redis://HOST:PORT/DB"
+    scheme = spec.partition(":")[0]
+    if REGISTRY.get(scheme) is REDIS and importlib.util.find_spec("redis") is None:
+        return f"a {scheme}:// tier needs the 'redis' extra: {install_hint('redis')}"
+    try:
+        tier_config(spec, **demo_settings(spec))
+    except (ValueError, TypeError) as error:
+        return str(error)
+    return None
+
+
+def demo_settings(spec: str) -> dict[str, Any]:
+    """The demo's settings of the tier `spec` names, where its URL does not set them."""
+    parsed = parse_tier_url(spec)
+    bound = {"bytes_to_use": DISK_BYTES} if parsed.kind is DISK else {"ttl_s": TTL_S}
+    defaults = {**bound, "lookup_deadline_s": LOOKUP_DEADLINE_S}
+    return {key: value for key, value in defaults.items() if key not in parsed.settings}
 
 
 def demo_namespace(
@@ -55,16 +67,22 @@ def demo_namespace(
 
 def open_tier(spec: str, host_rows: np.ndarray, namespace: Namespace) -> ChunkTier:
     """The tier `spec` names, reading and writing `host_rows` (the host pool, one row a block)."""
-    try:
-        if spec.startswith(DIR_PREFIX):
-            from numbakv.tiers.disk import DiskBackend
+    return open_tier_url(spec, host_rows, namespace, **demo_settings(spec))
 
-            path = spec[len(DIR_PREFIX) :]
-            backend = DiskBackend(path, namespace, host_rows.shape[1], DISK_BYTES)
-        else:
-            from numbakv.tiers.redis import RedisBackend, RedisSettings
 
-            backend = RedisBackend(RedisSettings(url=spec), namespace.digest)
-    except (OSError, RuntimeError, ValueError) as error:  # unwritable, or a refused server
-        raise TierOpenError(f"{spec}: {error}") from None
-    return ChunkTier(backend, host_rows, namespace, lookup_deadline_s=LOOKUP_DEADLINE_S)
+def describe_tier(spec: str) -> str:
+    """The tier as the report names it: its URL (no password) and the bound the demo gave it."""
+    settings = {**parse_tier_url(spec).settings, **demo_settings(spec)}
+    if "ttl_s" in settings:
+        return f"{redacted(spec)}, values expire after {settings['ttl_s']:g} s"
+    return f"{redacted(spec)}, at most {settings['bytes_to_use']:,} bytes"
+
+
+def tier_failure(report: Any) -> str | None:
+    """Why an engine's tier below counts as failed (a DemoReport's figures), or None: it never
+    answered, or every block flushed to it at the end failed."""
+    if report.tier_unavailable and not (report.tier_stored or report.tier_hits):
+        return "the tier was never reachable"
+    if report.tier_flush_failed and not report.tier_flushed:
+        return f"every block flushed to the tier failed ({report.tier_flush_failed:,})"
+    return None

@@ -1,0 +1,74 @@
+"""The demo over a tier named by a URL, as a new user first runs it: a stock redis-server, a wrong
+password, a server that is not there."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from numbakv.tools.demo.command import main as demo_main
+from numbakv.tools.demo.tier import TTL_S
+from tests.support.redis_servers import RedisServer, needs_redis
+from tests.support.servers import free_port
+
+pytestmark = needs_redis
+
+SMALL = ["--sessions", "2", "--gpu-blocks", "72"]
+
+
+@pytest.fixture
+def stock_server(tmp_path):
+    """redis-server as installed: no maxmemory, maxmemory-policy noeviction."""
+    server = RedisServer(str(tmp_path))
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_a_stock_server_just_works_its_values_expiring(stock_server, capsys):
+    assert stock_server.cli("CONFIG", "GET", "maxmemory-policy").split() == [
+        "maxmemory-policy",
+        "noeviction",
+    ]
+    status = demo_main(["--tier", stock_server.url, *SMALL])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert f"values expire after {TTL_S:g} s" in out
+    second = out.split("engine 2 of 2")[1]
+    assert "computed 0)" in second and ", 0 wrong" in second
+    client = redis.Redis.from_url(stock_server.url)
+    (key, *_) = client.keys("numbakv:*")
+    assert 0 < client.ttl(key) <= TTL_S
+
+
+@pytest.mark.parametrize(
+    "credentials, said",
+    [("", "asks for a password"), (":wrong@", "refused the password")],
+)
+def test_a_bad_password_is_one_line_and_exit_2(tmp_path, capfd, credentials, said):
+    server = RedisServer(str(tmp_path), ("--requirepass", "right"))
+    server.start()
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            demo_main(["--tier", f"redis://{credentials}127.0.0.1:{server.port}/0", *SMALL])
+    finally:
+        server.kill()
+    err = capfd.readouterr().err
+    assert exit_.value.code == 2
+    (line,) = [line for line in err.splitlines() if "error" in line]
+    assert said in line and "Traceback" not in err and "wrong" not in line
+
+
+@pytest.mark.parametrize("path, said", [("/99", "DB index is out of range"), ("/abc", "/abc")])
+def test_a_bad_database_is_one_line_and_exit_2(stock_server, capfd, path, said):
+    with pytest.raises(SystemExit) as exit_:
+        demo_main(["--tier", stock_server.url.replace("/0", path), *SMALL])
+    err = capfd.readouterr().err
+    assert exit_.value.code == 2 and said in err and "Traceback" not in err
+
+
+def test_a_tier_never_reachable_exits_non_zero_saying_so(capsys):
+    status = demo_main(["--tier", f"redis://127.0.0.1:{free_port()}/0", *SMALL])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "engine 1: the tier was never reachable" in err.splitlines()[-1]
