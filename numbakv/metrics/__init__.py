@@ -47,7 +47,13 @@ from numbakv.metrics.definitions import (
     TierLike,
     manager_definitions,
 )
-from numbakv.metrics.offload import ENABLED_ENV, OffloadMetrics, metrics_enabled, multiprocess_mode
+from numbakv.metrics.offload import (
+    ENABLED_ENV,
+    OffloadMetrics,
+    metrics_enabled,
+    multiprocess_mode,
+    shared_metrics,
+)
 from numbakv.metrics.recording import TransferRecorder, TransferTotals
 from numbakv.metrics.writer import MultiprocessWriter
 
@@ -75,4 +81,5 @@ __all__ = [
     "manager_definitions",
     "metrics_enabled",
     "multiprocess_mode",
+    "shared_metrics",
 ]
