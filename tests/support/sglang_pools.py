@@ -1,16 +1,14 @@
 """SGLang for the tests: whether it imports, its real host KV pools on the CPU, its storage config,
 and numbakv's backend built the way SGLang builds a dynamic backend.
 
-The SGLang tests skip where SGLang is not installed; .ci/run runs them in an environment of their
-own with NUMBAKV_REQUIRE_SGLANG=1, so an SGLang that does not import fails CI instead of skipping.
+The SGLang tests skip where SGLang is not installed, and fail there in CI (tests/support/engines.py).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import pytest
+from tests.support.engines import require_engine
 
 REQUIRE_SGLANG = "NUMBAKV_REQUIRE_SGLANG"
 BACKEND = {
@@ -24,89 +22,91 @@ BACKEND = {
 def require_sglang() -> None:
     """Skip the calling test module unless SGLang imports (fail instead under
     NUMBAKV_REQUIRE_SGLANG=1)."""
-    try:
-        import sglang.srt.mem_cache.hicache_storage  # noqa: F401
-    except ImportError as error:
-        if os.environ.get(REQUIRE_SGLANG) == "1":
-            raise ImportError(f"{REQUIRE_SGLANG}=1 but SGLang does not import: {error}") from error
-        pytest.skip(
-            f"SGLang is not installed ({error}); pip install -e '.[sglang]' to run these tests",
-            allow_module_level=True,
-        )
+    require_engine("sglang.srt.mem_cache.hicache_storage", "SGLang", "sglang", REQUIRE_SGLANG)
+
+
+SHAPE = {"layers": 2, "heads": 2, "head_dim": 16, "page_size": 4, "tokens": 64, "latent": (16, 8)}
+"""A small pool: 2 layers of 2 heads of 16 (MLA: a latent of rank 16 and a rope part of 8), pages of
+4 tokens, 64 tokens on the device."""
 
 
 def host_pool(
-    layout: str = "page_first",
-    *,
-    mla: bool = False,
-    layers: int = 2,
-    heads: int = 2,
-    head_dim: int = 16,
-    page_size: int = 4,
-    tokens: int = 64,
-    seed: int = 0,
-    dtype: Any = None,
+    layout: str = "page_first", *, mla: bool = False, seed: int = 0, dtype: Any = None, **shape: Any
 ) -> Any:
-    """A real SGLang host KV pool on the CPU (MHA, or MLA with a 16+8 latent), filled with random
-    bytes; it holds twice `tokens` (and a padding page)."""
+    """A real SGLang host KV pool on the CPU, MHA or MLA, of `SHAPE` but for the keys `shape`
+    gives, filled with random bytes; it holds twice `tokens` (and a padding page)."""
     import torch
-    from sglang.srt.mem_cache.device_pool_info import (
-        KVBufferLayout,
-        KVBuffers,
-        MHABufferInfo,
-        MLABufferInfo,
-    )
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
+    if set(shape) - set(SHAPE):
+        raise TypeError(f"host_pool takes {sorted(SHAPE)}, got {sorted(shape)}")
+    shape = {**SHAPE, **shape}
     dtype = torch.bfloat16 if dtype is None else dtype
-    device = torch.device("cpu")
+    layers, page_size = shape["layers"], shape["page_size"]
     common = {
         "pin_memory": False,
         "device": "cpu",
-        "device_capacity_tokens": tokens,
+        "device_capacity_tokens": shape["tokens"],
         "start_layer": 0,
+        "end_layer": layers,
     }
     if mla:
-        latent = tuple(torch.zeros(tokens, 1, 24, dtype=dtype) for _ in range(layers))
-        info = MLABufferInfo(
-            buffers=latent,
-            data_ptrs=_pointers(latent),
-            layer_indices=tuple(range(layers)),
-            device_layer_num=layers,
-            page_size=page_size,
-            kv_lora_rank=16,
-            qk_rope_head_dim=8,
-            kv_cache_dim=24,
-            dtype=dtype,
-            device=device,
-        )
+        info = _mla_buffers(shape, dtype)
         pool = MLATokenToKVPoolHost(
-            info, 2.0, 0, page_size, layout, end_layer=layers, target_layer_num=layers, **common
+            info, 2.0, 0, page_size, layout, target_layer_num=layers, **common
         )
     else:
-        k = tuple(torch.zeros(tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
-        v = tuple(torch.zeros(tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
-        info = MHABufferInfo(
-            buffers=KVBuffers(
-                k=k,
-                v=v,
-                k_data_ptrs=_pointers(k),
-                v_data_ptrs=_pointers(v),
-                layout=KVBufferLayout.NHD,
-            ),
-            page_size=page_size,
-            head_num=heads,
-            head_dim=head_dim,
-            v_head_dim=head_dim,
-            dtype=dtype,
-            device=device,
-        )
-        pool = MHATokenToKVPoolHost(info, 2.0, 0, page_size, layout, end_layer=layers, **common)
+        pool = MHATokenToKVPoolHost(_mha_buffers(shape, dtype), 2.0, 0, page_size, layout, **common)
     generator = torch.Generator().manual_seed(seed)
     raw = pool.kv_buffer.view(-1).view(torch.uint8)
     raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=generator))
     return pool
+
+
+def _mla_buffers(shape: dict, dtype: Any) -> Any:
+    """SGLang's description of an MLA device pool of `shape`, on the CPU."""
+    import torch
+    from sglang.srt.mem_cache.device_pool_info import MLABufferInfo
+
+    rank, rope = shape["latent"]
+    rows = tuple(
+        torch.zeros(shape["tokens"], 1, rank + rope, dtype=dtype) for _ in range(shape["layers"])
+    )
+    return MLABufferInfo(
+        buffers=rows,
+        data_ptrs=_pointers(rows),
+        layer_indices=tuple(range(shape["layers"])),
+        device_layer_num=shape["layers"],
+        page_size=shape["page_size"],
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+        kv_cache_dim=rank + rope,
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
+
+
+def _mha_buffers(shape: dict, dtype: Any) -> Any:
+    """SGLang's description of an MHA device pool of `shape`, on the CPU."""
+    import torch
+    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+
+    rows = (shape["tokens"], shape["heads"], shape["head_dim"])
+    k = tuple(torch.zeros(rows, dtype=dtype) for _ in range(shape["layers"]))
+    v = tuple(torch.zeros(rows, dtype=dtype) for _ in range(shape["layers"]))
+    buffers = KVBuffers(
+        k=k, v=v, k_data_ptrs=_pointers(k), v_data_ptrs=_pointers(v), layout=KVBufferLayout.NHD
+    )
+    return MHABufferInfo(
+        buffers=buffers,
+        page_size=shape["page_size"],
+        head_num=shape["heads"],
+        head_dim=shape["head_dim"],
+        v_head_dim=shape["head_dim"],
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
 
 
 def _pointers(tensors: tuple) -> Any:

@@ -24,7 +24,6 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
-    HiCacheStorageExtraInfo,
     PoolName,
 )
 from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -104,21 +103,17 @@ class NumbaKVHiCacheStorage(HiCacheStorage):
     # --- SGLang's zero-copy path (interface_v1) ---
 
     def batch_get_v1(
-        self,
-        keys: list[str],
-        host_indices: torch.Tensor,
-        extra_info: HiCacheStorageExtraInfo | None = None,
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
     ) -> list[bool]:
+        """Load pages into the host pool at `host_indices`; which were loaded."""
         return self._pages_moved(
             Direction.LOAD, keys, lambda: self._store.load_pages(keys, host_indices)
         )
 
     def batch_set_v1(
-        self,
-        keys: list[str],
-        host_indices: torch.Tensor,
-        extra_info: HiCacheStorageExtraInfo | None = None,
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
     ) -> list[bool]:
+        """Store the host pool's pages at `host_indices`; which were stored."""
         return self._pages_moved(
             Direction.STORE, keys, lambda: self._store.store_pages(keys, host_indices)
         )
@@ -165,9 +160,7 @@ class NumbaKVHiCacheStorage(HiCacheStorage):
 
     # --- lookups, statistics, lifetime ---
 
-    def batch_exists(
-        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
-    ) -> int:
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many pages from the first are stored (SGLang's prefix count)."""
         return _answered(0, "batch_exists", lambda: self._store.exists(keys))
 
@@ -187,12 +180,10 @@ class NumbaKVHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Finish every transfer, then release the tier and the metrics."""
-        if self.pages is not None:
-            self.pages.close()
-            self.pages = None
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+        opened, self.pages, self._metrics = (self.pages, self._metrics), None, None
+        for part in opened:
+            if part is not None:
+                part.close()
 
     @property
     def _store(self) -> HostPageStore:

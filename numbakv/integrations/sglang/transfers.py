@@ -142,14 +142,13 @@ class HostPageStore:
             rows = self._shards[0].page_map.direct_row_of(first_tokens)
             return self._move(Direction.LOAD, encoded, rows)
         self._require_path(by_index=True)
-        loaded = np.zeros(len(encoded), dtype=bool)
-        with self._load_lock:
-            for part, rows in self._batches(len(encoded), 0):
-                loaded[part] = ok = self._move(Direction.LOAD, encoded[part], rows)
-                for shard in self._shards:
-                    staged = shard.rows[rows] if ok.all() else shard.rows[rows][ok]
-                    shard.page_map.scatter(staged, first_tokens[part][ok])
-        return loaded
+
+        def unstage(part: slice, rows: slice, loaded: np.ndarray) -> None:
+            for shard in self._shards:
+                staged = shard.rows[rows] if loaded.all() else shard.rows[rows][loaded]
+                shard.page_map.scatter(staged, first_tokens[part][loaded])
+
+        return self._staged(Direction.LOAD, encoded, unstage)
 
     def store_pages(self, keys: Sequence[str], host_indices: torch.Tensor) -> np.ndarray:
         """Store the host pool's pages at `host_indices` (SGLang's `batch_set_v1`); which were."""
@@ -158,40 +157,37 @@ class HostPageStore:
             rows = self._shards[0].page_map.direct_row_of(first_tokens)
             return self._move(Direction.STORE, encoded, rows)
         self._require_path(by_index=True)
-        stored = np.zeros(len(encoded), dtype=bool)
-        with self._store_lock:
-            for part, rows in self._batches(len(encoded), self.batch):
-                for shard in self._shards:
-                    shard.page_map.gather(first_tokens[part], shard.rows[rows])
-                stored[part] = self._move(Direction.STORE, encoded[part], rows)
-        return stored
+
+        def stage(part: slice, rows: slice) -> None:
+            for shard in self._shards:
+                shard.page_map.gather(first_tokens[part], shard.rows[rows])
+
+        return self._staged(Direction.STORE, encoded, stage)
 
     def load_flat(self, keys: Sequence[str], targets: Sequence[torch.Tensor]) -> np.ndarray:
         """Load the pages into flat page tensors (SGLang's generic `batch_get`); which were."""
         self._require_path(by_index=False)
         encoded, views = _encoded(keys), self._flat_views(targets, len(keys))
         (shard,) = self._shards
-        loaded = np.zeros(len(encoded), dtype=bool)
-        with self._load_lock:
-            for part, rows in self._batches(len(encoded), 0):
-                loaded[part] = ok = self._move(Direction.LOAD, encoded[part], rows)
-                staged = shard.rows[rows]
-                for index in np.flatnonzero(ok):
-                    views[part.start + index][:] = staged[index]
-        return loaded
+
+        def unstage(part: slice, rows: slice, loaded: np.ndarray) -> None:
+            staged = shard.rows[rows]
+            for index in np.flatnonzero(loaded):
+                views[part.start + index][:] = staged[index]
+
+        return self._staged(Direction.LOAD, encoded, unstage)
 
     def store_flat(self, keys: Sequence[str], values: Sequence[torch.Tensor]) -> np.ndarray:
         """Store flat page tensors (SGLang's generic `batch_set`); which were stored."""
         self._require_path(by_index=False)
         encoded, views = _encoded(keys), self._flat_views(values, len(keys))
         (shard,) = self._shards
-        stored = np.zeros(len(encoded), dtype=bool)
-        with self._store_lock:
-            for part, rows in self._batches(len(encoded), self.batch):
-                for view, row in zip(views[part], shard.rows[rows]):
-                    row[:] = view
-                stored[part] = self._move(Direction.STORE, encoded[part], rows)
-        return stored
+
+        def stage(part: slice, rows: slice) -> None:
+            for view, row in zip(views[part], shard.rows[rows]):
+                row[:] = view
+
+        return self._staged(Direction.STORE, encoded, stage)
 
     def close(self) -> None:
         """Finish every job, then release the tiers (their threads, connections, files)."""
@@ -199,12 +195,24 @@ class HostPageStore:
             shard.tier.close()
         self._shards = []
 
-    def _batches(self, count: int, first_row: int):
-        """(part of the call's pages, their staging rows from `first_row`, as a slice: a view of
-        the rows, never a copy) for each staging batch."""
-        for start in range(0, count, self.batch):
-            part = slice(start, min(start + self.batch, count))
-            yield part, slice(first_row, first_row + part.stop - start)
+    def _staged(self, direction: Direction, keys: np.ndarray, copy) -> np.ndarray:
+        """Move `keys` through the staging rows, a batch at a time, one call a direction at a
+        time: a store's `copy(part, rows)` fills the rows first, a load's `copy(part, rows,
+        loaded)` empties them after (`part` the batch's pages, `rows` a slice: a view, never a
+        copy). Which pages moved."""
+        load = direction is Direction.LOAD
+        first_row = 0 if load else self.batch
+        moved = np.zeros(len(keys), dtype=bool)
+        with self._load_lock if load else self._store_lock:
+            for start in range(0, len(keys), self.batch):
+                part = slice(start, min(start + self.batch, len(keys)))
+                rows = slice(first_row, first_row + part.stop - start)
+                if not load:
+                    copy(part, rows)
+                moved[part] = self._move(direction, keys[part], rows)
+                if load:
+                    copy(part, rows, moved[part])
+        return moved
 
     def _move(self, direction: Direction, keys: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
         """Move `keys` through every head group's tier at `rows` (row ids, or a slice of the

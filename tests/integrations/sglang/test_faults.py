@@ -14,16 +14,9 @@ import pytest
 import redis
 
 from tests.redis_servers import needs_redis, redis_server
-from tests.support.sglang_pools import (
-    backend,
-    host_pool,
-    page_bytes,
-    page_indices,
-    require_sglang,
-    storage_config,
-)
+from tests.support import sglang_pools as pools
 
-require_sglang()
+pools.require_sglang()
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageFailureInjector
 
@@ -36,7 +29,7 @@ DEADLINE_S = 0.02
 
 def zero_copy(url: str, pool, **settings):
     extra = {"tier": url, "interface_v1": 1, "lookup_deadline_s": DEADLINE_S, **settings}
-    return backend(storage_config(extra), pool)
+    return pools.backend(pools.storage_config(extra), pool)
 
 
 @pytest.fixture
@@ -48,9 +41,9 @@ def server(tmp_path):
 @needs_redis
 @pytest.mark.parametrize("damage", ["corrupted", "truncated", "foreign"])
 def test_a_damaged_page_is_a_miss_and_the_rest_load_byte_exact(server, damage):
-    source = host_pool(seed=1)
+    source = pools.host_pool(seed=1)
     writer = zero_copy(server.url, source)
-    assert writer.batch_set_v1(KEYS, page_indices(PAGES, source.page_size)) == [True] * 4
+    assert writer.batch_set_v1(KEYS, pools.page_indices(PAGES, source.page_size)) == [True] * 4
     shard = writer.pages.tiers["hicache"]
     client = redis.Redis.from_url(server.url)
     raw_key = shard.backend._prefix + KEYS[2].encode()
@@ -65,17 +58,17 @@ def test_a_damaged_page_is_a_miss_and_the_rest_load_byte_exact(server, damage):
         value[:HEADER_BYTES] = encode_header(foreign, b"w" * 8, payload, KEYS[2].encode())
     client.set(raw_key, bytes(value))
 
-    into = host_pool(seed=3)
+    into = pools.host_pool(seed=3)
     reader = zero_copy(server.url, into)
     assert reader.batch_exists(KEYS) == 4  # the value is there until a load checks it
-    assert reader.batch_get_v1(KEYS, page_indices(PAGES, into.page_size)) == [
+    assert reader.batch_get_v1(KEYS, pools.page_indices(PAGES, into.page_size)) == [
         True,
         True,
         False,
         True,
     ]
     for page in (2, 3, 8):
-        assert page_bytes(into, page) == page_bytes(source, page)
+        assert pools.page_bytes(into, page) == pools.page_bytes(source, page)
     assert reader.batch_exists(KEYS) == 2  # a damaged page is gone until it is stored anew
     assert reader.pages.tiers["hicache"].counters.integrity_failures == 1
     writer.close()
@@ -83,10 +76,10 @@ def test_a_damaged_page_is_a_miss_and_the_rest_load_byte_exact(server, damage):
 
 
 def test_a_truncated_page_file_is_a_miss(tmp_path):
-    source = host_pool(seed=4)
+    source = pools.host_pool(seed=4)
     url = f"dir:{tmp_path}"
     writer = zero_copy(url, source, bytes_to_use=1 << 24)
-    assert writer.batch_set_v1(KEYS, page_indices(PAGES, source.page_size)) == [True] * 4
+    assert writer.batch_set_v1(KEYS, pools.page_indices(PAGES, source.page_size)) == [True] * 4
     (path,) = [
         os.path.join(root, name)
         for root, _, names in os.walk(tmp_path)
@@ -94,19 +87,23 @@ def test_a_truncated_page_file_is_a_miss(tmp_path):
         if name == KEYS[0].encode().hex()
     ]
     os.truncate(path, os.path.getsize(path) - 100)
-    into = host_pool(seed=5)
+    into = pools.host_pool(seed=5)
     reader = zero_copy(url, into, bytes_to_use=1 << 24)
-    assert reader.batch_get_v1(KEYS, page_indices(PAGES, into.page_size)) == [False] + [True] * 3
-    assert [page_bytes(into, p) for p in PAGES[1:]] == [page_bytes(source, p) for p in PAGES[1:]]
+    assert (
+        reader.batch_get_v1(KEYS, pools.page_indices(PAGES, into.page_size)) == [False] + [True] * 3
+    )
+    assert [pools.page_bytes(into, p) for p in PAGES[1:]] == [
+        pools.page_bytes(source, p) for p in PAGES[1:]
+    ]
     writer.close()
     reader.close()
 
 
 @needs_redis
 def test_a_killed_server_is_a_miss_at_once_and_served_again_after_it_restarts(server):
-    pool = host_pool(seed=6)
+    pool = pools.host_pool(seed=6)
     storage = zero_copy(server.url, pool, breaker_cooldown_s=0.2)
-    indices = page_indices(PAGES, pool.page_size)
+    indices = pools.page_indices(PAGES, pool.page_size)
     assert storage.batch_set_v1(KEYS, indices) == [True] * 4
     server.kill()
     started = time.perf_counter()
@@ -127,9 +124,9 @@ def test_a_killed_server_is_a_miss_at_once_and_served_again_after_it_restarts(se
 
 @needs_redis
 def test_a_paused_server_is_a_miss_within_the_lookup_deadline(server):
-    pool = host_pool(seed=7)
+    pool = pools.host_pool(seed=7)
     storage = zero_copy(server.url, pool, socket_timeout_s=0.5, breaker_cooldown_s=0.3)
-    indices = page_indices(PAGES, pool.page_size)
+    indices = pools.page_indices(PAGES, pool.page_size)
     assert storage.batch_set_v1(KEYS, indices) == [True] * 4
     server.cli("CLIENT", "PAUSE", "1500", "ALL")
     waited = []
@@ -157,14 +154,14 @@ def test_sglangs_failure_injector_finds_no_raise_and_no_wrong_byte(
     monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_DELAY", "0.002")
     monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.3")
     extra = {"tier": f"dir:{tmp_path}", "bytes_to_use": 1 << 24, "interface_v1": interface_v1}
-    source, into = host_pool(seed=8), host_pool(seed=9)
-    writer, reader = (backend(storage_config(extra), pool) for pool in (source, into))
+    source, into = pools.host_pool(seed=8), pools.host_pool(seed=9)
+    writer, reader = (pools.backend(pools.storage_config(extra), pool) for pool in (source, into))
     assert isinstance(writer, HiCacheStorageFailureInjector)
     outcomes = set()
     for batch in range(12):  # the cache controller's calls: write back, query, prefetch
         pages = [(4 * batch + i) % (source.page_num - 1) for i in range(4)]
         keys = [f"{batch:032x}{page:032x}" for page in pages]
-        indices = page_indices(pages, source.page_size)
+        indices = pools.page_indices(pages, source.page_size)
         if interface_v1:
             stored = all(writer.batch_set_v1(keys, indices))
         else:
@@ -184,7 +181,7 @@ def test_sglangs_failure_injector_finds_no_raise_and_no_wrong_byte(
         outcomes.update((stored, *loaded))
         for page, ok in zip(pages, loaded):
             if ok:
-                assert page_bytes(into, page) == page_bytes(source, page)
+                assert pools.page_bytes(into, page) == pools.page_bytes(source, page)
     assert outcomes >= {True, False}  # the injector failed some calls, and some went through
     writer.close()
     reader.close()
