@@ -4,15 +4,15 @@ namespace, the settings, and the statistics."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
-from tests.redis_servers import needs_redis, redis_server
+from tests.redis_servers import needs_redis, redis_cluster, redis_server
 from tests.servers import ROOT
 from tests.support.sglang_pools import (
     backend,
@@ -193,10 +193,10 @@ def test_the_kv_cache_dtype_is_in_the_namespace(monkeypatch):
 
 
 CHILD = """
-import sys
+import json, sys
 from tests.support.sglang_pools import backend, host_pool, page_indices, storage_config
 pool = host_pool("page_first", seed=12)
-storage = backend(storage_config({"tier": sys.argv[1], "interface_v1": 1}), pool)
+storage = backend(storage_config({**json.loads(sys.argv[1]), "interface_v1": 1}), pool)
 pages = [int(page) for page in sys.argv[2].split(",")]
 keys = [f"{index:064x}" for index in range(100, 100 + len(pages))]
 assert storage.batch_set_v1(keys, page_indices(pages, pool.page_size)) == [True] * len(pages)
@@ -204,33 +204,43 @@ storage.close()
 """
 
 
-@needs_redis
-def test_two_processes_share_pages_byte_exact_and_export_tier_metrics(tmp_path):
+def test_two_processes_share_pages_byte_exact_and_export_tier_metrics(tier, tmp_path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    with redis_server(str(tmp_path)) as server:
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-        subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(CHILD), server.url, ",".join(map(str, PAGES))],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=600,
-        )
-        into = host_pool("page_first", seed=13)
-        reader = backend(storage_config({"tier": server.url, "interface_v1": 1}), into)
-        assert reader.batch_get_v1(KEYS, page_indices(PAGES, into.page_size)) == [True] * 6
-        source = host_pool("page_first", seed=12)
-        assert [page_bytes(into, p) for p in PAGES] == [page_bytes(source, p) for p in PAGES]
-        counters = reader.pages.tiers["hicache"].counters
-        assert (counters.loaded_own, counters.loaded_other) == (0, 6)
-        reader.close()
+    subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(tier), ",".join(map(str, PAGES))],
+        cwd=ROOT,
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+        check=True,
+        timeout=600,
+    )
+    into = host_pool("page_first", seed=13)
+    reader = backend(storage_config({**tier, "interface_v1": 1}), into)
+    assert reader.batch_get_v1(KEYS, page_indices(PAGES, into.page_size)) == [True] * 6
+    source = host_pool("page_first", seed=12)
+    assert [page_bytes(into, p) for p in PAGES] == [page_bytes(source, p) for p in PAGES]
+    counters = reader.pages.tiers["hicache"].counters
+    assert (counters.loaded_own, counters.loaded_other) == (0, 6)
+    reader.close()
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(metrics_dir))
-    stored_chunks = registry.get_sample_value(
-        "numbakv_tier_stored_chunks_total", {"tier": "hicache", "instance": "sglang-tp0"}
-    )
-    assert stored_chunks == len(PAGES)
+    labels = {"tier": "hicache", "instance": "sglang-tp0"}
+    assert registry.get_sample_value("numbakv_tier_stored_chunks_total", labels) == len(PAGES)
+
+
+@needs_redis
+def test_a_redis_cluster_spreads_pages_over_its_nodes_byte_exact(tmp_path):
+    with redis_cluster(str(tmp_path)) as nodes:
+        tier = {"tier": f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true"}
+        source = host_pool(seed=15)
+        writer = stored(tier, source)
+        assert sum(int(node.cli("DBSIZE")) > 0 for node in nodes) > 1
+        into = host_pool(seed=16)
+        reader = backend(storage_config({**tier, "interface_v1": 1}), into)
+        assert reader.batch_get_v1(KEYS, page_indices(PAGES, into.page_size)) == [True] * 6
+        assert [page_bytes(into, p) for p in PAGES] == [page_bytes(source, p) for p in PAGES]
+        writer.close()
+        reader.close()
 
 
 def test_get_stats_gives_each_batchs_pages_once(tmp_path):
