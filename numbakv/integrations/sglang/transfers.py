@@ -14,7 +14,6 @@ the same namespace.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -29,8 +28,6 @@ from numbakv.integrations.sglang.pages import PageMap, page_map
 from numbakv.integrations.sglang.settings import BackendSettings
 from numbakv.jobs import Direction, FinishedJob
 from numbakv.tiers import ChunkTier, open_tier
-
-logger = logging.getLogger("numbakv.sglang")
 
 
 class _Jobs:
