@@ -1,18 +1,23 @@
-"""Bandwidth of the Redis/Valkey tier against redis-py alone, and the wait of a lookup.
+"""Bandwidth of the Redis/Valkey tier against redis-py alone and LMCache, and the wait of a lookup.
 
     python benchmarks/redis_tier_bandwidth.py [--url redis://127.0.0.1:6379/0]
-        [--chunk-sizes 256KiB,1MiB,4MiB] [--repeats 5] [--out results/redis_tier_bandwidth.json]
+        [--chunk-sizes 256KiB,2MiB,4MiB] [--repeats 7] [--lmcache-python PATH]
+        [--out results/redis_tier_bandwidth.json]
 
-Rows: for each chunk size, the bytes per second numbakv's tier (`ChunkTier` over `RedisBackend`:
-header, checksum, checks, its own threads) writes and reads, beside the same payloads moved by
-redis-py's pipelined SET/GET alone, in the same run over the same connections, on the same kind of
-thread (target: numbakv >= 80 % of redis-py's rate); and the wall time of `ChunkTier.contains` for a 64-chunk prefix (what
-its caller waits at most), with the server up, paused and down (target: p99 <= 1 ms up, <= the
-lookup deadline paused or down). With vLLM installed, also what vLLM's scheduler thread spends in
-`NumbaKVRedisTier` per step for that prefix: 64 `lookup` calls and `on_schedule_end`, the step
-that sends the batched lookup and the step that finds its answers. Without `--url` it starts its
-own redis-server on a free loopback port (Debian package redis-server). `redis_rows` is a row source: one backend's rows, as a list of
-dicts, for a script that compares tiers.
+Rows: for each chunk size, the bytes per second numbakv's tier (`open_tier`: header, checksum,
+checks, its own threads) writes and reads in jobs of 64 MiB, beside the same payloads moved by
+redis-py's pipelined SET/GET alone over the same connections on the same kind of thread (target:
+numbakv >= 90 % of redis-py's rate both ways) and, with `--lmcache-python` (the Python of an
+environment with LMCache 0.5.6, benchmarks/lmcache_baseline.py), by LMCache's `resp://` (its
+native client) and `redis://` connectors on the same server. Every source takes its turn in each
+round; a figure is the median of `--repeats` rounds. Then the wall time of `ChunkTier.contains`
+for a 64-chunk prefix (what its caller waits at most), with the server up, paused and down
+(target: p99 <= 1 ms up, <= the lookup deadline paused or down). With vLLM installed, also what
+vLLM's scheduler thread spends in `NumbaKVRedisTier` per step for that prefix: 64 `lookup` calls
+and `on_schedule_end`, the step that sends the batched lookup and the step that finds its
+answers. Without `--url` it starts its own redis-server on a free loopback port (Debian package
+redis-server). `redis_rows` is a row source: one backend's rows, as a list of dicts, for a script
+that compares tiers.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
 
-from numbakv.tiers import ChunkTier, Namespace
+from lmcache_baseline import LMCacheBaseline
+
+from numbakv.tiers import ChunkTier, Namespace, open_tier
 
 PREFIX_CHUNKS = 64
 LOOKUPS = 2000
@@ -66,16 +75,23 @@ def namespace(chunk_bytes: int) -> Namespace:
     )
 
 
-def best_seconds(actions: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """The fastest of `repeats` runs of each action, the actions taking turns (so that a machine
-    busy now and idle later favours none of them)."""
-    best = dict.fromkeys(actions, float("inf"))
+def median_seconds(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """The median of `repeats` runs of each action (each returns its own seconds), the actions
+    taking turns (so that a machine busy now and idle later favours none of them)."""
+    runs: dict[str, list[float]] = {name: [] for name in actions}
     for _ in range(repeats):
         for name, action in actions.items():
-            started = time.perf_counter()
-            action()
-            best[name] = min(best[name], time.perf_counter() - started)
-    return best
+            runs[name].append(action())
+    return {name: statistics.median(seconds) for name, seconds in runs.items()}
+
+
+def timed(action: Callable[[], None]) -> Callable[[], float]:
+    def run() -> float:
+        started = time.perf_counter()
+        action()
+        return time.perf_counter() - started
+
+    return run
 
 
 def tier_jobs(tier: ChunkTier, keys: list[bytes]) -> dict[str, Callable[[], None]]:
@@ -137,26 +153,30 @@ def local_redis() -> Iterator[str]:
 
 
 def redis_rows(args: argparse.Namespace) -> list[dict]:
-    """numbakv's Redis tier against redis-py pipelined SET/GET of the same payloads, and the
-    lookup wait with the server up, paused and down."""
+    """numbakv's Redis tier against redis-py pipelined SET/GET of the same payloads (and LMCache's
+    connectors, given its Python), and the lookup wait with the server up, paused and down."""
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(local_redis())
-        rows = [bandwidth_row(url, size, args.repeats) for size in args.chunk_sizes]
+        lmcache = None
+        if args.lmcache_python:
+            lmcache = LMCacheBaseline(args.lmcache_python)
+            stack.callback(lmcache.close)
+        rows = [bandwidth_row(url, size, args.repeats, lmcache) for size in args.chunk_sizes]
         rows += lookup_rows(url)
         if importlib.util.find_spec("vllm") is not None:
             rows += scheduler_rows(url)
         return rows
 
 
-def bandwidth_row(url: str, chunk_bytes: int, repeats: int) -> dict:
-    """One chunk size: numbakv's write and read rates, and redis-py's over the same connections."""
-    from numbakv.tiers.redis import RedisBackend, RedisSettings
-
+def bandwidth_row(
+    url: str, chunk_bytes: int, repeats: int, lmcache: LMCacheBaseline | None
+) -> dict:
+    """One chunk size: numbakv's write and read rates, redis-py's over the same connections, and
+    LMCache's connectors' on the same server."""
     chunks = max(4, BATCH_BYTES // chunk_bytes)
     rng = np.random.default_rng(chunk_bytes)
     pool = rng.integers(0, 256, (2 * chunks, chunk_bytes), dtype=np.uint8)
-    ns = namespace(chunk_bytes)
-    tier = ChunkTier(RedisBackend(RedisSettings(url=url), ns.digest), pool, ns)
+    tier = open_tier(url, pool, namespace(chunk_bytes))
     keys = [b"bench-%d" % i for i in range(chunks)]
     client = tier.backend._client  # the same pool of connections
     raw_keys = [b"raw:" + key for key in keys]
@@ -173,42 +193,46 @@ def bandwidth_row(url: str, chunk_bytes: int, repeats: int) -> dict:
             pipe.get(key)
         assert all(value is not None for value in pipe.execute())
 
-    def on_io_thread(action: Callable[[], None]) -> Callable[[], None]:
+    def on_io_thread(action: Callable[[], None]) -> Callable[[], float]:
         # Where the tier's jobs run: threads differ in more than their name (glibc gives each
         # its own malloc arena, which decides whether a freed 1 MiB value's pages are reused).
-        return lambda: tier._io_threads.submit(action).result()
+        return timed(lambda: tier._io_threads.submit(action).result())
 
-    jobs = tier_jobs(tier, keys)
-    raw = {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
-    jobs["write"]()  # the keys exist before anything is timed, for both
-    raw["raw_write"]()
-    seconds = best_seconds({**jobs, **raw}, repeats)
+    actions = {name: timed(job) for name, job in tier_jobs(tier, keys).items()}
+    actions |= {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
+    if lmcache is not None:
+        address = urlsplit(url).netloc
+        for store, where in (("resp", f"resp://{address}"), ("redis", url)):
+            for op in ("write", "read"):
+                actions[f"lmcache_{store}_{op}"] = partial(
+                    lmcache.seconds, store, where, chunk_bytes, chunks, op
+                )
+    for name in ("write", "raw_write", "lmcache_resp_write", "lmcache_redis_write"):
+        if name in actions:  # the keys exist before anything is timed, for every source
+            actions[name]()
+    seconds = median_seconds(actions, repeats)
     client.delete(*raw_keys)
     tier.close()
     rate = {name: chunks * chunk_bytes / s / 1e9 for name, s in seconds.items()}
-    return {
-        "source": "redis",
-        "chunk_bytes": chunk_bytes,
-        "chunks_per_job": chunks,
-        "write_gbps": rate["write"],
-        "raw_write_gbps": rate["raw_write"],
-        "write_share": rate["write"] / rate["raw_write"],
-        "read_gbps": rate["read"],
-        "raw_read_gbps": rate["raw_read"],
-        "read_share": rate["read"] / rate["raw_read"],
-    }
+    row = {"source": "redis", "chunk_bytes": chunk_bytes, "chunks_per_job": chunks}
+    for direction in ("write", "read"):
+        row[f"{direction}_gbps"] = rate[direction]
+        row[f"raw_{direction}_gbps"] = rate[f"raw_{direction}"]
+        row[f"{direction}_share"] = rate[direction] / rate[f"raw_{direction}"]
+        for store in ("resp", "redis"):
+            if f"lmcache_{store}_{direction}" in rate:
+                row[f"lmcache_{store}_{direction}_gbps"] = rate[f"lmcache_{store}_{direction}"]
+    return row
 
 
 def lookup_rows(url: str) -> list[dict]:
     """The wait of a 64-chunk prefix's lookup: server up, paused (CLIENT PAUSE), unreachable."""
     import redis
 
-    from numbakv.tiers.redis import RedisBackend, RedisSettings
-
     pool = np.zeros((PREFIX_CHUNKS, 4096), dtype=np.uint8)
     ns = namespace(4096)
     keys = [b"prefix-%d" % i for i in range(PREFIX_CHUNKS)]
-    tier = ChunkTier(RedisBackend(RedisSettings(url=url), ns.digest), pool, ns)
+    tier = open_tier(url, pool, ns)
     tier.submit_store(0, keys, range(PREFIX_CHUNKS))
     tier.drain()
     deadline_ms = 1e3 * tier.lookup_deadline_s
@@ -230,8 +254,7 @@ def lookup_rows(url: str) -> list[dict]:
     rows.append({"source": "redis", "lookup": "paused", **waits_ms(lambda: tier.contains(keys))})
     time.sleep(max(0.0, paused_until - time.monotonic()))
     tier.close()
-    down = RedisSettings(url="redis://127.0.0.1:1/0")  # nothing listens on port 1
-    tier = ChunkTier(RedisBackend(down, ns.digest), pool, ns)
+    tier = open_tier("redis://127.0.0.1:1/0", pool, ns)  # nothing listens on port 1
     rows.append({"source": "redis", "lookup": "down", **waits_ms(lambda: tier.contains(keys))})
     tier.close()
     for row in rows:
@@ -278,16 +301,23 @@ def scheduler_rows(url: str) -> list[dict]:
 
 def print_tables(rows: list[dict]) -> None:
     print(
-        f"{'source':8} {'chunk':>8} {'write GB/s':>11} {'raw':>7} {'share':>6} "
-        f"{'read GB/s':>10} {'raw':>7} {'share':>6}"
+        f"{'chunk':>8} {'write GB/s':>10} {'raw':>6} {'share':>6} {'resp':>6} {'redis':>6} "
+        f"{'read GB/s':>10} {'raw':>6} {'share':>6} {'resp':>6} {'redis':>6}   "
+        "(raw: redis-py; resp, redis: LMCache's connectors)"
     )
     for row in rows:
         if "chunk_bytes" in row:
-            print(
-                f"{row['source']:8} {row['chunk_bytes'] >> 10:>5}KiB {row['write_gbps']:>11.2f} "
-                f"{row['raw_write_gbps']:>7.2f} {row['write_share']:>6.0%} {row['read_gbps']:>10.2f} "
-                f"{row['raw_read_gbps']:>7.2f} {row['read_share']:>6.0%}"
-            )
+            cells = [f"{row['chunk_bytes'] >> 10:>5}KiB"]
+            for direction in ("write", "read"):
+                cells += [
+                    f"{row[f'{direction}_gbps']:>10.2f}",
+                    f"{row[f'raw_{direction}_gbps']:>6.2f}",
+                    f"{row[f'{direction}_share']:>6.0%}",
+                ]
+                for store in ("resp", "redis"):
+                    rate = row.get(f"lmcache_{store}_{direction}_gbps")
+                    cells.append(f"{rate:>6.2f}" if rate is not None else f"{'-':>6}")
+            print(" ".join(cells))
     print(f"\n{'source':15} {'store':8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deadline':>9}")
     for row in rows:
         if "lookup" in row:
@@ -303,8 +333,12 @@ def print_tables(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="a Redis/Valkey to use (default: start one)")
-    parser.add_argument("--chunk-sizes", default="256KiB,1MiB,4MiB")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk-sizes", default="256KiB,2MiB,4MiB")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--lmcache-python",
+        help="the Python of an environment with LMCache 0.5.6, to time its connectors beside",
+    )
     parser.add_argument("--out", default="results/redis_tier_bandwidth.json")
     args = parser.parse_args()
     args.chunk_sizes = [parse_size(size) for size in args.chunk_sizes.split(",")]

@@ -8,7 +8,11 @@ sources' runs alternate within a round):
   file system delivers to one sequential stream with the page cache bypassed;
 - `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk);
 - `vllm-fs`: vLLM 0.32's `FileSystemTierManager` on the same pool and chunks, its C I/O where
-  built (run with vLLM installed; left out otherwise), as many threads as numbakv's.
+  built (run with vLLM installed; left out otherwise), as many threads as numbakv's: half of
+  them load-first and half store-first (each group takes the other's work when it has none);
+- `lmcache-disk`: LMCache 0.5.6's `LocalDiskBackend` with O_DIRECT, as many I/O threads, on
+  chunks of the same size in its own memory (run with `--lmcache-python`, the Python of an
+  environment with LMCache: benchmarks/lmcache_baseline.py; left out otherwise).
 Every load is checked byte for byte against what was stored. Prints a table and writes JSON.
 
     python benchmarks/tier_bandwidth.py --dir /mnt/nvme/bench          # the full configuration
@@ -38,8 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numbakv.tiers import ChunkTier, Namespace
-from numbakv.tiers.disk import DiskBackend
+from lmcache_baseline import LMCacheBaseline
+
+from numbakv.tiers import Namespace, open_tier
 
 FULL = {"chunk_bytes": 2 << 20, "chunks": 512, "job_chunks": 16, "threads": 8, "repeats": 3}
 SMOKE = {"chunk_bytes": 64 << 10, "chunks": 32, "job_chunks": 4, "threads": 2, "repeats": 1}
@@ -54,6 +59,7 @@ class Setup:
     job_chunks: int
     threads: int
     repeats: int
+    lmcache: LMCacheBaseline | None = None
 
     @property
     def chunk_bytes(self) -> int:
@@ -104,8 +110,8 @@ def numbakv_disk_run(setup: Setup) -> dict[str, float]:
     namespace = Namespace("bench", "", "uint8", 16, 1, 1, 1, 1, setup.chunk_bytes, "bench")
     keys = [uuid.uuid4().bytes for _ in range(len(setup.pool))]
     directory = setup.fresh_directory("numbakv")
-    backend = DiskBackend(directory, namespace, setup.chunk_bytes, 2 * setup.nbytes)
-    tier = ChunkTier(backend, setup.pool, namespace, io_threads=setup.threads)
+    url = f"{directory.as_uri()}?bytes_to_use={2 * setup.nbytes}&io_threads={setup.threads}"
+    tier = open_tier(url, setup.pool, namespace)
     stored = setup.pool.copy()
     seconds = {}
     for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
@@ -148,8 +154,8 @@ def vllm_fs_run(setup: Setup) -> dict[str, float]:
         memoryview(setup.pool),
         "fs",
         root_dir=str(directory),
-        n_read_threads=setup.threads,
-        n_write_threads=setup.threads,
+        n_read_threads=max(1, setup.threads // 2),
+        n_write_threads=max(1, setup.threads // 2),
     )
     stored = setup.pool.copy()
     seconds = {}
@@ -174,6 +180,19 @@ def vllm_fs_run(setup: Setup) -> dict[str, float]:
     return seconds
 
 
+def lmcache_disk_run(setup: Setup) -> dict[str, float]:
+    """LMCache's LocalDiskBackend (O_DIRECT) in its own process, one directory for every round
+    (it forgets its files before each store)."""
+    if setup.lmcache is None:
+        raise SourceUnavailable("no --lmcache-python given")
+    where = str(setup.root / "lmcache")
+    batch = (where, setup.chunk_bytes, len(setup.pool))
+    return {
+        direction: setup.lmcache.seconds("disk", *batch, op, threads=setup.threads)
+        for direction, op in (("store", "write"), ("load", "read"))
+    }
+
+
 def _check_loaded(loaded: np.ndarray, stored: np.ndarray, source: str) -> None:
     if not np.array_equal(loaded, stored):
         raise RuntimeError(f"{source}: loaded bytes differ from the stored ones")
@@ -183,6 +202,7 @@ ROW_SOURCES: dict[str, Callable[[Setup], dict[str, float]]] = {
     "dd": dd_run,
     "numbakv-disk": numbakv_disk_run,
     "vllm-fs": vllm_fs_run,
+    "lmcache-disk": lmcache_disk_run,
 }
 """One run of each source: seconds per direction. The runs of all sources alternate, so a busy
 moment of the machine falls on each alike."""
@@ -266,12 +286,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--json", type=Path, default=Path("tier_bandwidth.json"))
+    parser.add_argument(
+        "--lmcache-python",
+        help="the Python of an environment with LMCache 0.5.6, to time its LocalDiskBackend",
+    )
     args = parser.parse_args(argv)
     settings = dict(SMOKE if args.smoke else FULL)
     for name in settings:
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     root = Path(tempfile.mkdtemp(prefix="tier-bandwidth-", dir=args.dir))
+    lmcache = LMCacheBaseline(args.lmcache_python) if args.lmcache_python else None
     try:
         setup = Setup(
             pool=aligned_random_pool(settings["chunks"], settings["chunk_bytes"]),
@@ -279,12 +304,15 @@ def main(argv: list[str] | None = None) -> int:
             job_chunks=settings["job_chunks"],
             threads=settings["threads"],
             repeats=settings["repeats"],
+            lmcache=lmcache,
         )
         machine = (
             f"{platform.node()}, {platform.processor() or platform.machine()}, {file_system(root)}"
         )
         rows = with_dd_share(measure(setup, args.sources))
     finally:
+        if lmcache is not None:
+            lmcache.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"{machine}; {settings}")
     print_table(rows)

@@ -23,10 +23,16 @@ class TierOpenError(RuntimeError):
 
 
 class StoredValue(NamedTuple):
-    """What `read_into` found for one key: its header bytes and how many payload bytes it held."""
+    """What `read_into` found for one key: its header bytes and how many payload bytes it held.
+
+    `checksum`, where given, is `chunk_format.checksum` of the payload as copied, under its key: a
+    backend that reads on threads of its own computes it there, as each value arrives, instead of
+    the tier after the whole batch.
+    """
 
     header: bytes
     payload_bytes: int
+    checksum: int | None = None
 
 
 class Occupancy(NamedTuple):

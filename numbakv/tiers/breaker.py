@@ -32,6 +32,13 @@ class CircuitBreaker:
     def is_open(self) -> bool:
         return self._open_until is not None
 
+    def refusing(self) -> bool:
+        """Whether a call would be refused now (open, no probe due), without claiming a probe."""
+        with self._lock:
+            return self._open_until is not None and (
+                self._probing or time.monotonic() < self._open_until
+            )
+
     def allow(self) -> bool:
         """Whether a call may go to the store now: always when closed, one probe per cooldown when open."""
         with self._lock:

@@ -62,16 +62,22 @@ def parse_header(header: bytes | memoryview) -> ChunkHeader:
 
 
 def verify(
-    header: ChunkHeader, namespace: bytes, payload: memoryview, found_bytes: int, key: bytes = b""
+    header: ChunkHeader,
+    namespace: bytes,
+    payload: memoryview,
+    found_bytes: int,
+    key: bytes = b"",
+    digest: int | None = None,
 ) -> None:
     """Raise CorruptChunk naming the first check `payload` fails: namespace, length, checksum.
 
     `found_bytes` is how many payload bytes the store held (a truncated value holds fewer than its
-    header promises); `payload` is where they were copied from under `key`.
+    header promises); `payload` is where they were copied from under `key`; `digest`, where given,
+    is `checksum(payload, key)` computed already.
     """
     if header.namespace != namespace:
         raise CorruptChunk("namespace")
     if not header.payload_bytes == found_bytes == payload.nbytes:
         raise CorruptChunk("length")
-    if checksum(payload, key) != header.checksum:
+    if (checksum(payload, key) if digest is None else digest) != header.checksum:
         raise CorruptChunk("checksum")

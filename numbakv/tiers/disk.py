@@ -135,8 +135,11 @@ class DiskBackend(ChunkBackend):
     # --- the ChunkBackend contract ---
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        on_disk, evicted = self._on_disk(keys), []
         with self._lock:
-            return self._reconcile(keys)
+            ready = self._reconcile(keys, on_disk, evicted)
+        self._unlink(evicted)
+        return ready
 
     def write(
         self, keys: Sequence[bytes], headers: Sequence[bytes], payloads: Sequence[memoryview]
@@ -153,9 +156,9 @@ class DiskBackend(ChunkBackend):
                 )
         with self._lock:
             plan = self._index.prepare_store(keys)
-            if plan is None:  # every file is being read or written: nothing may be evicted
-                return [False] * len(keys)
-            self._unlink(plan.block_hashes_evicted)
+        if plan is None:  # every file is being read or written: nothing may be evicted
+            return [False] * len(keys)
+        self._unlink(plan.block_hashes_evicted)
         to_store, outcome = set(plan.block_hashes_to_store), {}
         for key, header, payload in zip(keys, headers, payloads):
             if key in to_store and key not in outcome:
@@ -168,10 +171,12 @@ class DiskBackend(ChunkBackend):
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
     ) -> list[StoredValue | None]:
+        on_disk, evicted = self._on_disk(keys), []
         with self._lock:
-            ready = self._reconcile(keys)
+            ready = self._reconcile(keys, on_disk, evicted)
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
+        self._unlink(evicted)
         try:
             values = [
                 self._read_file(key, payload) if there else None
@@ -184,8 +189,8 @@ class DiskBackend(ChunkBackend):
 
     def delete(self, keys: Sequence[bytes]) -> None:
         with self._lock:
-            self._unlink(keys)
             self._index.remove(keys)
+        self._unlink(keys)
 
     def touch(self, keys: Sequence[bytes]) -> None:
         with self._lock:
@@ -204,28 +209,35 @@ class DiskBackend(ChunkBackend):
         name = key.hex()
         return f"{self.directory}/{name[:2]}/{name}"
 
-    def _reconcile(self, keys: Sequence[bytes]) -> list[bool]:
-        """Bring the index in line with the directory for `keys` (under the lock): files another
-        process wrote join it, files another process removed leave it. Which keys are ready."""
+    def _on_disk(self, keys: Sequence[bytes]) -> list[bool]:
+        """Which keys have a file now (outside the lock: the index never waits on the disk)."""
+        return [os.path.exists(self._path(key)) for key in keys]
+
+    def _reconcile(
+        self, keys: Sequence[bytes], on_disk: Sequence[bool], evicted: list[bytes]
+    ) -> list[bool]:
+        """Bring the index in line with what the directory held for `keys` (under the lock):
+        files another process wrote join it, files another process removed leave it; the files
+        their joining evicts are added to `evicted`, for the caller to remove after the lock.
+        Which keys are ready."""
         index = self._index
         ready = []
-        for key in keys:
-            on_disk = os.path.exists(self._path(key))
+        for key, there in zip(keys, on_disk):
             if index.lookup((key,)):
-                if not on_disk:
+                if not there:
                     index.remove((key,))
-                ready.append(on_disk)
-            elif on_disk and not index.is_being_stored(key):
-                ready.append(self._adopt(key))
+                ready.append(there)
+            elif there and not index.is_being_stored(key):
+                ready.append(self._adopt(key, evicted))
             else:
                 ready.append(False)
         return ready
 
-    def _adopt(self, key: bytes) -> bool:
+    def _adopt(self, key: bytes, evicted: list[bytes]) -> bool:
         plan = self._index.prepare_store((key,))
         if plan is None:
             return False
-        self._unlink(plan.block_hashes_evicted)
+        evicted += plan.block_hashes_evicted
         self._index.complete_store((key,))
         return True
 

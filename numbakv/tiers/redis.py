@@ -5,11 +5,10 @@ slot and two namespaces never share a key. Every batch is one pipeline (one roun
 over a bounded connection pool, run on the tier's threads. A value is the chunk header then the
 payload, written by one SET: a reader sees all of it or none of it.
 
-Copies of a payload (redis-py with hiredis): a store joins header and payload into one bytes value
-(1) which hiredis packs into the command (2), then the kernel sends it; a load gets the reply from
-the socket into redis-py's read buffer (1), hiredis's reader (2) and a bytes value (3), copied into
-the host-pool row (4). redis-py joins a command's arguments, so none of these can be skipped without
-writing protocol code of our own.
+Copies of a payload: none. redis-py keeps the connections (pool, TLS, AUTH/ACL, the database, a
+cluster's nodes); the chunks' commands and replies go through `resp.py`, which hands the kernel the
+host-pool row as it lies and reads a loaded value straight into its row (redis-py alone would copy
+a payload twice on the way out and three times on the way in, then once more into the row).
 
 Capacity: at start the backend reads each server's `maxmemory-policy`; a policy that refuses writes
 when the server is full (`noeviction`, or `volatile-*` with no TTL on our keys) stops the engine
@@ -21,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -39,6 +39,8 @@ from redis.retry import Retry
 
 from numbakv.checks import positive
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue, TierOpenError
+from numbakv.tiers.chunk_format import checksum
+from numbakv.tiers.resp import Replies, command, send, set_command, whole_reads
 from numbakv.tiers.settings import redacted, settings_from
 
 logger = logging.getLogger("numbakv.tiers")
@@ -56,6 +58,10 @@ TLS_URL_OPTIONS = (
 )
 """The client's TLS options a URL's query may carry (`?ssl_ca_certs=PATH`)."""
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
+WINDOW_BYTES = 2 << 20
+"""Bytes of chunks a connection has asked for and not yet received (at least one chunk)."""
+STRIPE_BYTES = 8 << 20
+"""The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
 _UNREACHABLE = (RedisError, RedisClusterException, OSError)
 # Policies under which a full server refuses writes to keys without a TTL.
@@ -78,7 +84,8 @@ class RedisSettings:
     (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `cluster`: the URL names one
     node of a Redis Cluster. `ttl_s`: every value expires after this many seconds (required
     against a server that refuses writes when full). `max_connections`: the pool's bound (per node
-    in a cluster). `socket_timeout_s`: how long one batch may wait on the server before the store
+    in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
+    chunks is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server. `socket_timeout_s`: how long one batch may wait on the server before the store
     counts as unreachable; `connect_timeout_s` the same for connecting.
     """
 
@@ -87,7 +94,8 @@ class RedisSettings:
     key_prefix: str = "numbakv"
     ttl_s: float | None = None
     password_env: str = DEFAULT_PASSWORD_ENV
-    max_connections: int = 8
+    max_connections: int = 16
+    stripes: int = 8
     socket_timeout_s: float = 2.0
     connect_timeout_s: float = 0.5
 
@@ -117,8 +125,8 @@ class RedisSettings:
             raise ValueError(
                 f"password_env must name an environment variable, got {self.password_env!r}"
             )
-        checked = positive("max_connections", self.max_connections, integer=True)
-        object.__setattr__(self, "max_connections", checked)
+        for name in ("max_connections", "stripes"):
+            object.__setattr__(self, name, positive(name, getattr(self, name), integer=True))
         for name in ("socket_timeout_s", "connect_timeout_s"):
             object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
 
@@ -170,53 +178,81 @@ class RedisBackend(ChunkBackend):
         except BaseException:  # refused at start: no connection outlives the error
             self._client.close()
             raise
+        self._stripes = ThreadPoolExecutor(settings.stripes, thread_name_prefix="numbakv-redis")
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        replies = self._pipelined(lambda pipe, key, _: pipe.exists(key), keys)
+        replies = self._pipelined(keys, lambda _, key: [command(b"EXISTS", key)], _reply)
         return [reply == 1 for reply in replies]
 
     def write(
         self, keys: Sequence[bytes], headers: Sequence[bytes], payloads: Sequence[memoryview]
     ) -> list[bool]:
         ttl_ms = self.settings.ttl_ms
-        values = [b"".join((header, payload)) for header, payload in zip(headers, payloads)]
-        replies = self._pipelined(lambda pipe, key, i: pipe.set(key, values[i], px=ttl_ms), keys)
+        replies = self._pipelined(
+            keys,
+            lambda index, key: set_command(key, headers[index], payloads[index], ttl_ms),
+            _reply,
+            sum(payload.nbytes for payload in payloads),
+        )
         refused = [reply for reply in replies if isinstance(reply, ResponseError)]
         if refused:
             logger.debug("numbakv Redis tier: %d writes refused: %s", len(refused), refused[0])
-        return [reply is True for reply in replies]
+        return [reply == b"OK" for reply in replies]
 
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
     ) -> list[StoredValue | None]:
-        found: list[StoredValue | None] = []
-        for value, payload in zip(
-            self._pipelined(lambda pipe, key, _: pipe.get(key), keys), payloads
-        ):
-            if not isinstance(value, bytes):
-                found.append(None)
-                continue
-            body = memoryview(value)[header_bytes:]
-            count = min(body.nbytes, payload.nbytes)
-            payload[:count] = body[:count]
-            found.append(StoredValue(value[:header_bytes], body.nbytes))
-        return found
+        def read(replies: Replies, index: int) -> object:
+            """The value into its row, its checksum taken here, on this stripe's thread."""
+            value, payload = replies.value_into(header_bytes, payloads[index]), payloads[index]
+            if isinstance(value, StoredValue) and value.payload_bytes == payload.nbytes:
+                return value._replace(checksum=checksum(payload, keys[index]))
+            return value
+
+        replies = self._pipelined(
+            keys,
+            lambda _, key: [command(b"GET", key)],
+            read,
+            sum(payload.nbytes for payload in payloads),
+        )
+        return [reply if isinstance(reply, StoredValue) else None for reply in replies]
 
     def delete(self, keys: Sequence[bytes]) -> None:
-        self._pipelined(lambda pipe, key, _: pipe.delete(key), keys)
+        self._pipelined(keys, lambda _, key: [command(b"DEL", key)], _reply)
 
     def close(self) -> None:
+        self._stripes.shutdown()
         self._client.close()
 
-    def _pipelined(self, command, keys: Sequence[bytes]) -> list:
-        """`command(pipeline, full key, index in keys)` per key, pipelined: one round trip per
-        server. A command's error is its reply; so is a cluster node's unreachability for its
-        keys (the other nodes' keys still move); a store entirely unreachable is
-        BackendUnavailable."""
+    def _pipelined(self, keys: Sequence[bytes], pack, read, payload_bytes: int = 0) -> list:
+        """One command per key, pipelined: one round trip per server. `pack(index in keys, full
+        key)` gives a command's buffers, `read(replies, index)` its reply. A command's error is
+        its reply; so is a cluster node's unreachability for its keys (the other nodes' keys
+        still move); a store entirely unreachable is BackendUnavailable. On a standalone server,
+        `payload_bytes` of chunks are spread over stripes."""
         if not keys:
             return []
+        window = len(keys)
+        if payload_bytes:
+            window = max(1, WINDOW_BYTES * len(keys) // payload_bytes)
         if not self.settings.cluster:
-            return self._pipeline_on(self._client, command, keys, range(len(keys)))
+            count = min(self.settings.stripes, len(keys), payload_bytes // STRIPE_BYTES)
+            if count < 2:
+                return self._pipeline_on(self._client, keys, range(len(keys)), pack, read, window)
+            step = -(-len(keys) // count)
+            stripes = [
+                self._stripes.submit(
+                    self._pipeline_on,
+                    self._client,
+                    keys,
+                    range(start, min(start + step, len(keys))),
+                    pack,
+                    read,
+                    window,
+                )
+                for start in range(0, len(keys), step)
+            ]
+            return [reply for stripe in stripes for reply in stripe.result()]
         replies: list = [None] * len(keys)
         by_node: dict[str, list[int]] = {}
         nodes = {}
@@ -232,7 +268,7 @@ class RedisBackend(ChunkBackend):
         for name, indexes in by_node.items():
             server = self._client.get_redis_connection(nodes[name])
             try:
-                node_replies = self._pipeline_on(server, command, keys, indexes)
+                node_replies = self._pipeline_on(server, keys, indexes, pack, read, window)
                 answered += 1
             except BackendUnavailable as error:
                 node_replies = [error] * len(indexes)
@@ -255,18 +291,44 @@ class RedisBackend(ChunkBackend):
 
     def _pipeline_on(
         self,
-        server: redis.Redis | RedisCluster,
-        command,
+        server: redis.Redis,
         keys: Sequence[bytes],
         indexes: Sequence[int],
+        pack,
+        read,
+        window: int,
     ) -> list:
+        """The commands of `keys[indexes]` on one connection of `server`'s pool, their replies
+        read in order (resp.py), at most `window` commands unanswered: the server holds that
+        many replies at once instead of the whole batch's (a reply queued costs it a copy into
+        fresh memory). A connection left midway is closed, so the next one starts clean."""
+        pool = server.connection_pool
         try:
-            pipe = server.pipeline(transaction=False)
-            for index in indexes:
-                command(pipe, self._prefix + keys[index], index)
-            return pipe.execute(raise_on_error=False)
+            connection = pool.get_connection()
         except _UNREACHABLE as error:
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+        sock, answers, sent = connection._sock, [], 0
+        try:
+            with whole_reads(sock) as flags:
+                replies = Replies(sock, flags)
+                for position, index in enumerate(indexes):
+                    if sent < len(indexes) and sent - position <= window // 2:
+                        upto = min(len(indexes), position + window)
+                        buffers = []
+                        for later in indexes[sent:upto]:
+                            buffers += pack(later, self._prefix + keys[later])
+                        send(sock, buffers)
+                        sent = upto
+                    answers.append(read(replies, index))
+            return answers
+        except _UNREACHABLE as error:
+            connection.disconnect()
+            raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
 
     def _check_capacity_policy(self) -> None:
         """Refuse a server that rejects writes when full unless values expire; say when unknown."""
@@ -323,6 +385,7 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "retry": Retry(NoBackoff(), 0),
+        "protocol": 2,  # replies resp.py reads; nothing pushed unasked (RESP3's notifications)
     }
     password = urlsplit(settings.url).password
     if password is None and os.environ.get(settings.password_env):
@@ -372,6 +435,11 @@ def _password_error(
     return PasswordRefused(
         f"Redis at {where} refused the password (from the url or {password_env}): {error}"
     )
+
+
+def _reply(replies: Replies, _index: int) -> object:
+    """The next reply as it is (a pipeline's reader where no reply goes into a row)."""
+    return replies.reply()
 
 
 def _moved(reply: object) -> bool:

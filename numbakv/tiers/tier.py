@@ -52,6 +52,10 @@ DEFAULT_LOOKUP_DEADLINE_S = 0.005
 DEFAULT_IO_THREADS = 4
 DEFAULT_BREAKER_COOLDOWN_S = 5.0
 UNLOADABLE_LIMIT = 1 << 16
+STALLED_DEADLINES = 10
+"""Deadlines a lookup may go unanswered before the store counts as stalled (`ChunkTier.lookup`)."""
+_STALLED: Future[list[bool]] = Future()  # the answer of a lookup not asked: failed, so misses
+_STALLED.set_exception(BackendUnavailable("the store left a lookup unanswered: stalled"))
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,8 @@ class ChunkTier:
         self._pending: set[Future] = set()
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
+        # The oldest lookup the store has not answered yet (or the last answered), and when.
+        self._last_lookup: tuple[Future, float] = (_STALLED, 0.0)
         self._io_threads = ThreadPoolExecutor(
             settings.io_threads, thread_name_prefix="numbakv-tier-io"
         )
@@ -225,9 +231,26 @@ class ChunkTier:
         return self.backend.occupancy()
 
     def lookup(self, keys: Sequence[bytes]) -> TierLookup:
-        """Start a batched lookup, answered off the caller's thread within the tier's deadline."""
+        """Start a batched lookup, answered off the caller's thread within the tier's deadline.
+
+        Lookups are asked one after another. While the store leaves one unanswered for
+        STALLED_DEADLINES deadlines, it is stalled: a new lookup is misses at once (counted late)
+        instead of waiting its deadline behind it, until the store answers or the breaker opens.
+        While the breaker is open, a lookup is answered (misses) on the caller's thread.
+        """
         keys = _checked_keys(keys)
+        if self._breaker.refusing():
+            answered: Future[list[bool]] = Future()
+            answered.set_result(self._refused_lookup(keys))
+            return TierLookup(answered, len(keys), 0.0, self._count_late)
+        now = time.monotonic()
+        asked, since = self._last_lookup
+        if not asked.done() and now - since > STALLED_DEADLINES * self.lookup_deadline_s:
+            self._count_late()
+            return TierLookup(_STALLED, len(keys), 0.0, self._count_late)
         future = self._lookup_thread.submit(self._lookup, keys)
+        if asked.done():  # the oldest unanswered: every later lookup waits behind it
+            self._last_lookup = (future, now)
         return TierLookup(future, len(keys), self.lookup_deadline_s, self._count_late)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
@@ -342,6 +365,15 @@ class ChunkTier:
     def _lookup(self, keys: list[bytes]) -> list[bool]:
         start = time.perf_counter()
         found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
+        return self._counted_lookup(keys, found, start)
+
+    def _refused_lookup(self, keys: list[bytes]) -> list[bool]:
+        """Misses, counted as a lookup the breaker refused, without calling the store."""
+        with self._lock:
+            self._counters.unavailable += 1
+        return self._counted_lookup(keys, [False] * len(keys), time.perf_counter())
+
+    def _counted_lookup(self, keys: list[bytes], found: list[bool], start: float) -> list[bool]:
         with self._lock:
             found = [hit and key not in self._unloadable for key, hit in zip(keys, found)]
             self._counters.lookups += len(keys)
@@ -371,10 +403,7 @@ class ChunkTier:
 
     def _store(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
-        headers = [
-            encode_header(self._namespace_digest, self.writer_id, p, key)
-            for key, p in zip(keys, payloads)
-        ]
+        headers = _Headers(self._namespace_digest, self.writer_id, keys, payloads)
         written = self._ask_backend(
             self.backend.write, [False] * len(keys), keys, headers, payloads
         )
@@ -399,7 +428,8 @@ class ChunkTier:
                 continue
             try:
                 header = parse_header(value.header)
-                verify(header, self._namespace_digest, payload, value.payload_bytes, key)
+                digest = value.checksum
+                verify(header, self._namespace_digest, payload, value.payload_bytes, key, digest)
             except CorruptChunk as error:
                 logger.warning(
                     "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
@@ -449,6 +479,25 @@ class ChunkTier:
                 self._on_job_done(job)
             except Exception:  # the job is reported all the same
                 logger.exception("numbakv tier: on_job_done failed for job %r", job_id)
+
+
+class _Headers(Sequence[bytes]):
+    """A store job's headers, each encoded (its payload's checksum taken) when the backend asks
+    for it: on the backend's own threads, one chunk's checksum beside another's I/O, where the
+    backend spreads a batch over threads."""
+
+    def __init__(
+        self, namespace: bytes, writer: bytes, keys: list[bytes], payloads: list[memoryview]
+    ) -> None:
+        self._namespace, self._writer = namespace, writer
+        self._keys, self._payloads = keys, payloads
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, index: int) -> bytes:  # by position, as backends ask
+        payload, key = self._payloads[index], self._keys[index]
+        return encode_header(self._namespace, self._writer, payload, key)
 
 
 def host_rows(host_pool: np.ndarray | HostPoolLike) -> np.ndarray:

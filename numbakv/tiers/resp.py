@@ -1,0 +1,210 @@
+"""RESP pipelines on a redis-py connection's socket: a chunk goes out from its host-pool row and
+comes back into it, with no copy in between.
+
+redis-py packs a command's arguments into one new bytes object, and reads a reply into its buffer,
+hiredis's and then a new bytes object: for chunks of megabytes those copies, and the page faults of
+allocating them, cost more than the socket. Here a `SET` is its RESP prefix, the chunk's header and
+the row as they lie, handed to the kernel in one `sendmsg` for many commands (TLS sockets take them
+one `sendall` each), and a `GET`'s value is read with `recv_into` straight into the row. The
+connection itself (its pool, TLS, AUTH and ACL, the database, a cluster's nodes) stays redis-py's:
+only commands and replies pass here, on a connection that has nothing else under way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from collections.abc import Iterator, Sequence
+
+from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError
+
+from numbakv.tiers.backend import StoredValue
+
+BUFFER_BYTES = 1 << 16
+"""Bytes read ahead of the reply under way (one `recv_into`); a bulk value past what is already
+there is read into its destination directly."""
+IOV_MAX = 512
+"""Buffers handed to one `sendmsg` (Linux takes 1024)."""
+_REDIRECTS = {b"MOVED": MovedError, b"ASK": AskError}
+
+
+def command(*arguments: bytes) -> bytes:
+    """A command of small arguments, packed."""
+    return b"*%d\r\n%s" % (len(arguments), _bulk_strings(arguments))
+
+
+def set_command(key: bytes, header: bytes, payload: memoryview, ttl_ms: int | None) -> list:
+    """`SET key header+payload [PX ttl_ms]` as buffers, the payload as it lies (no copy)."""
+    options = () if ttl_ms is None else (b"PX", b"%d" % ttl_ms)
+    head = b"*%d\r\n%s$%d\r\n" % (
+        3 + len(options),
+        _bulk_strings((b"SET", key)),
+        len(header) + payload.nbytes,
+    )
+    return [head, header, payload, b"\r\n" + _bulk_strings(options)]
+
+
+def _bulk_strings(arguments: Sequence[bytes]) -> bytes:
+    return b"".join(b"$%d\r\n%s\r\n" % (len(argument), argument) for argument in arguments)
+
+
+def send(sock: socket.socket, buffers: Sequence[bytes | memoryview]) -> None:
+    """Write every buffer, in order: `sendmsg` where the socket takes it (a plain one), many
+    buffers a call, resuming where the kernel stopped; `sendall` each on a TLS socket."""
+    if not _plain(sock):
+        for buffer in buffers:
+            sock.sendall(buffer)
+        return
+    views = [memoryview(buffer).cast("B") for buffer in buffers]
+    first = 0
+    while first < len(views):
+        sent = sock.sendmsg(views[first : first + IOV_MAX])
+        while sent and first < len(views):
+            size = views[first].nbytes
+            if sent < size:
+                views[first] = views[first][sent:]
+                break
+            sent -= size
+            first += 1
+
+
+@contextlib.contextmanager
+def whole_reads(sock: socket.socket) -> Iterator[int]:
+    """The `recv` flags for reading whole values off `sock` meanwhile: MSG_WAITALL on a plain
+    socket, put in blocking mode with its timeout kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO),
+    so a value is one system call instead of one per segment that arrives; 0 on a TLS socket."""
+    timeout = sock.gettimeout()
+    if not _plain(sock) or not timeout:
+        yield 0
+        return
+    seconds = struct.pack("ll", int(timeout), int(timeout % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, seconds)
+    sock.settimeout(None)
+    try:
+        yield socket.MSG_WAITALL
+    finally:
+        sock.settimeout(timeout)
+
+
+class Replies:
+    """Reads one pipeline's replies, in order, off `sock` (`flags` for reading a value whole)."""
+
+    def __init__(self, sock: socket.socket, flags: int = 0) -> None:
+        self._sock = sock
+        self._flags = flags
+        self._buffer = bytearray(BUFFER_BYTES)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0  # what was read and not yet taken
+
+    def reply(self) -> object:
+        """The next reply: bytes for a status or a bulk string, an int, None for a null, an
+        exception instance for an error (redis-py's class for a cluster's redirect)."""
+        line = self._line()
+        kind, body = line[:1], line[1:]
+        if kind == b"$":
+            length = int(body)
+            if length < 0:
+                return None
+            value = bytearray(length)
+            self._read_into(memoryview(value))
+            self._skip_crlf()
+            return bytes(value)
+        if kind == b":":
+            return int(body)
+        if kind == b"+":
+            return body
+        if kind == b"-":
+            return _error(body)
+        if kind == b"_":
+            return None
+        if kind == b"#":
+            return body == b"t"
+        raise ConnectionError(f"unexpected reply from the server: {line[:40]!r}")
+
+    def value_into(self, header_bytes: int, payload: memoryview) -> object:
+        """The next reply, a bulk string read into place: its first `header_bytes` as the
+        header, then at most `payload.nbytes` into `payload`, the rest dropped. A StoredValue
+        (the header and how many bytes followed it), None for a null, or an error instance."""
+        line = self._line()
+        if line[:1] != b"$":
+            self._unread(line)
+            return self.reply()
+        length = int(line[1:])
+        if length < 0:
+            return None
+        header = bytearray(min(length, header_bytes))
+        self._read_into(memoryview(header))
+        body = length - len(header)
+        self._read_into(payload[: min(body, payload.nbytes)])
+        self._drop(body - min(body, payload.nbytes))
+        self._skip_crlf()
+        return StoredValue(bytes(header), body)
+
+    def _line(self) -> bytes:
+        while True:
+            end = self._buffer.find(b"\r\n", self._start, self._end)
+            if end >= 0:
+                line = bytes(self._view[self._start : end])
+                self._start = end + 2
+                return line
+            self._fill()
+
+    def _unread(self, line: bytes) -> None:
+        self._start -= len(line) + 2
+
+    def _fill(self) -> None:
+        """Read more after what is buffered, first moving it to the front."""
+        if self._start:
+            kept = self._end - self._start
+            self._view[:kept] = self._view[self._start : self._end]
+            self._start, self._end = 0, kept
+        if self._end == len(self._buffer):  # a line longer than the buffer: grow it
+            self._view.release()
+            self._buffer.extend(bytes(len(self._buffer)))
+            self._view = memoryview(self._buffer)
+        got = self._sock.recv_into(self._view[self._end :])
+        if not got:
+            raise ConnectionError("the server closed the connection")
+        self._end += got
+
+    def _read_into(self, target: memoryview) -> None:
+        """Fill `target`: first from what is buffered, the rest straight from the socket."""
+        buffered = min(self._end - self._start, target.nbytes)
+        target[:buffered] = self._view[self._start : self._start + buffered]
+        self._start += buffered
+        filled = buffered
+        while filled < target.nbytes:
+            got = self._sock.recv_into(target[filled:], 0, self._flags)
+            if not got:
+                raise ConnectionError("the server closed the connection")
+            filled += got
+
+    def _drop(self, count: int) -> None:
+        while count:
+            if self._start == self._end:
+                self._fill()
+            taken = min(count, self._end - self._start)
+            self._start += taken
+            count -= taken
+
+    def _skip_crlf(self) -> None:
+        while self._end - self._start < 2:
+            self._fill()
+        if self._view[self._start : self._start + 2] != b"\r\n":
+            raise ConnectionError("a bulk reply did not end where its length said")
+        self._start += 2
+
+
+def _error(body: bytes) -> ResponseError:
+    code, _, rest = body.partition(b" ")
+    redirect = _REDIRECTS.get(code)
+    if redirect is not None:  # as redis-py makes them: the slot and the node, without the code
+        return redirect(rest.decode(errors="replace"))
+    return ResponseError(body.decode(errors="replace"))
+
+
+def _plain(sock: socket.socket) -> bool:
+    """Whether `sock` is a plain socket (TLS sockets have neither sendmsg nor recv flags)."""
+    return type(sock).sendmsg is socket.socket.sendmsg
