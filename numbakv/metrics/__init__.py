@@ -48,7 +48,13 @@ from numbakv.metrics.definitions import (
     TierLike,
     manager_definitions,
 )
-from numbakv.metrics.offload import ENABLED_ENV, OffloadMetrics, metrics_enabled, multiprocess_mode
+from numbakv.metrics.offload import (
+    ENABLED_ENV,
+    OffloadMetrics,
+    metrics_enabled,
+    multiprocess_mode,
+    shared_metrics,
+)
 from numbakv.metrics.recording import TransferRecorder, TransferTotals
 from numbakv.metrics.reported import ReportedSeries
 from numbakv.metrics.writer import MultiprocessWriter
@@ -78,4 +84,5 @@ __all__ = [
     "manager_definitions",
     "metrics_enabled",
     "multiprocess_mode",
+    "shared_metrics",
 ]

@@ -107,5 +107,21 @@ class OffloadMetrics:
             self._collector = None
 
 
+def shared_metrics(
+    instance: str,
+    *,
+    manager: ManagerLike | None = None,
+    tiers: Mapping[str, TierLike] | None = None,
+) -> OffloadMetrics | None:
+    """This process's metrics written to ``PROMETHEUS_MULTIPROC_DIR`` once a second, under
+    ``instance`` (an engine's own exporter and numbakv-sidecar read them there); None where metrics
+    are off or that directory is unset."""
+    if not metrics_enabled() or not multiprocess_mode():
+        return None
+    metrics = OffloadMetrics(manager, instance=instance, registry=None, tiers=tiers)
+    metrics.start_sync_thread(1.0)
+    return metrics
+
+
 def _ignore_job(job: FinishedJob) -> None:
     """The ``on_job_done`` of disabled metrics."""

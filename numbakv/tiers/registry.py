@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from numbakv.jobs import JobDoneCallback
 from numbakv.tiers.backend import ChunkBackend, TierOpenError
 from numbakv.tiers.namespace import Namespace
 from numbakv.tiers.settings import field_names, from_text, redacted
@@ -137,11 +138,17 @@ def tier_config(url: str, **settings: Any) -> TierConfig:
 
 
 def open_tier(
-    url: str, host_pool: np.ndarray | HostPoolLike, namespace: Namespace, **settings: Any
+    url: str,
+    host_pool: np.ndarray | HostPoolLike,
+    namespace: Namespace,
+    *,
+    on_job_done: JobDoneCallback | None = None,
+    **settings: Any,
 ) -> ChunkTier:
     """The tier `url` names over `host_pool` (a numbakv HostPool or its 2-D uint8 array, one row a
     chunk), its chunks in `namespace`; `settings` beside the URL's query (module docstring). A
-    bare `dir:` takes its directory from the `root_dir` setting.
+    bare `dir:` takes its directory from the `root_dir` setting. `on_job_done` is called with each
+    finished job, on the tier's thread (as `ChunkTier` calls it).
 
     Bad settings raise ValueError (or TypeError) naming the key; a store that cannot be opened
     raises TierOpenError.
@@ -152,7 +159,7 @@ def open_tier(
     rows = host_rows(host_pool)
     backend = _open_backend(config.kind, config.backend, namespace, rows.shape[1])
     try:
-        return ChunkTier(backend, rows, namespace, **asdict(config.tier))
+        return ChunkTier(backend, rows, namespace, on_job_done=on_job_done, **asdict(config.tier))
     except BaseException:  # refused: no connection or file outlives the error
         backend.close()
         raise

@@ -6,24 +6,14 @@ with NUMBAKV_REQUIRE_VLLM=1, so a vLLM that does not import fails CI instead of 
 
 from __future__ import annotations
 
-import os
-
-import pytest
+from tests.support.engines import require_engine
 
 REQUIRE_VLLM = "NUMBAKV_REQUIRE_VLLM"
 
 
 def require_vllm() -> None:
     """Skip the calling test module unless vLLM imports (fail instead under NUMBAKV_REQUIRE_VLLM=1)."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as error:
-        if os.environ.get(REQUIRE_VLLM) == "1":
-            raise ImportError(f"{REQUIRE_VLLM}=1 but vLLM does not import: {error}") from error
-        pytest.skip(
-            f"vLLM is not installed ({error}); pip install -e '.[vllm]' to run these tests",
-            allow_module_level=True,
-        )
+    require_engine("vllm", "vLLM", "vllm", REQUIRE_VLLM)
 
 
 def offloading_config(

@@ -13,6 +13,7 @@ from numbakv.metrics import (
     TierLike,
     metrics_enabled,
     multiprocess_mode,
+    shared_metrics,
 )
 
 logger = init_logger("vllm.numbakv")
@@ -36,6 +37,4 @@ def start_process_metrics(
         )
         return None
     prefix = f"vllm-dp{parallel.data_parallel_index}" if parallel.data_parallel_size > 1 else "vllm"
-    metrics = OffloadMetrics(manager, instance=f"{prefix}-{role}", registry=None, tiers=tiers)
-    metrics.start_sync_thread(1.0)
-    return metrics
+    return shared_metrics(f"{prefix}-{role}", manager=manager, tiers=tiers)

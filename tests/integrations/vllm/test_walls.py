@@ -1,5 +1,6 @@
-"""The walls around the vLLM integration (docs/ARCHITECTURE.md): only numbakv/integrations/ imports
-vllm or torch, and the scheduler side of the spec never loads the data path."""
+"""The walls around the engine integrations (docs/ARCHITECTURE.md): only numbakv/integrations/ imports
+vllm, sglang or torch, each engine only under its own folder there, and the scheduler side of the
+vLLM spec never loads the data path."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from tests.support.imports import loaded_after
 
 ROOT = Path(__file__).resolve().parents[3]
-ENGINES = {"vllm", "torch"}
+ENGINES = {"vllm", "sglang", "torch"}
 
 
 def _imported_roots(source: Path) -> set[str]:
@@ -28,6 +29,17 @@ def test_only_the_integrations_import_an_engine_or_torch():
         str(source.relative_to(ROOT)): sorted(_imported_roots(source) & ENGINES)
         for source in sources
         if "integrations" not in source.parts and _imported_roots(source) & ENGINES
+    }
+    assert offenders == {}
+
+
+def test_each_engine_is_imported_only_under_its_own_integration():
+    """vLLM under numbakv/integrations/vllm/, SGLang under numbakv/integrations/sglang/."""
+    offenders = {
+        str(source.relative_to(ROOT)): engine
+        for source in (ROOT / "numbakv").rglob("*.py")
+        for engine in sorted(_imported_roots(source) & {"vllm", "sglang"})
+        if ROOT / "numbakv" / "integrations" / engine not in source.parents
     }
     assert offenders == {}
 

@@ -1,0 +1,68 @@
+"""The backend's settings: the keys of `--hicache-storage-backend-extra-config`, checked by name.
+
+    {"backend_name": "numbakv", "module_path": "numbakv.integrations.sglang",
+     "class_name": "NumbaKVHiCacheStorage", "interface_v1": 1,
+     "tier": "redis://host:6379/0", "lookup_deadline_s": 0.005}
+
+The first four are SGLang's own. `tier` is the URL `numbakv.tiers.open_tier` opens (`dir:PATH`,
+`redis://`, `rediss://`, `valkey://`, `?cluster=true`); `staging_bytes` bounds the rows a batch is
+copied through where pages cannot be read in place; every other key is the tier's (its query's keys
+may be given here instead: `bytes_to_use`, `ttl_s`, `lookup_deadline_s`, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from numbakv.checks import positive
+from numbakv.tiers import TierSettings, parse_tier_url, tier_config
+from numbakv.tiers.settings import field_names
+
+SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
+"""The keys SGLang reads itself (`interface_v1`: 1 for the zero-copy `batch_get_v1`/`batch_set_v1`)."""
+OWN_KEYS = ("tier", "staging_bytes")
+DEFAULT_STAGING_BYTES = 64 << 20
+"""Bytes of rows per direction that pages are copied through where they cannot be read in place."""
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The checked settings: the tier's URL and its other settings, which path SGLang calls, and
+    the staging rows' bound."""
+
+    tier: str
+    tier_settings: dict[str, Any]
+    interface_v1: bool
+    staging_bytes: int
+
+
+def backend_settings(extra_config: Mapping[str, Any] | None) -> BackendSettings:
+    """The settings of `extra_config`; ValueError naming the key that is missing, unknown or bad.
+    Nothing is opened."""
+    config = dict(extra_config or {})
+    tier = config.get("tier")
+    if not isinstance(tier, str) or not tier:
+        raise ValueError(
+            "the numbakv HiCache backend needs a tier setting in "
+            '--hicache-storage-backend-extra-config: "tier": "dir:/mnt/nvme/kv" or '
+            f'"redis://host:6379/0", got {tier!r}'
+        )
+    kind = parse_tier_url(tier).kind
+    known = {*SGLANG_KEYS, *OWN_KEYS, *field_names(TierSettings)}
+    known |= set(field_names(kind.settings_type())) - {kind.location}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown numbakv HiCache setting {unknown[0]!r} for a {kind.name}; known: "
+            f"{', '.join(sorted(known))}"
+        )
+    interface_v1 = config.get("interface_v1", 0)
+    if interface_v1 not in (0, 1):  # True and False are 1 and 0
+        raise ValueError(f"interface_v1 must be 0 or 1, got {interface_v1!r}")
+    staging = config.get("staging_bytes", DEFAULT_STAGING_BYTES)
+    staging = positive("staging_bytes", staging, integer=True, unit="bytes")
+    tier_settings = {key: config[key] for key in set(config) - {*SGLANG_KEYS, *OWN_KEYS}}
+    tier_config(tier, **tier_settings)  # every tier key and value, checked by name
+    return BackendSettings(tier, tier_settings, bool(interface_v1), staging)
