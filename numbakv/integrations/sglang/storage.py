@@ -35,7 +35,7 @@ from numbakv.jobs import Direction
 from numbakv.metrics import OffloadMetrics, shared_metrics
 from numbakv.tiers.settings import redacted
 
-logger = logging.getLogger("numbakv.sglang")
+logger = logging.getLogger("numbakv.integrations.sglang")
 
 Answer = TypeVar("Answer")
 
