@@ -72,3 +72,17 @@ def test_a_tier_never_reachable_exits_non_zero_saying_so(capsys):
     err = capsys.readouterr().err
     assert status == 1
     assert "engine 1: the tier was never reachable" in err.splitlines()[-1]
+
+
+def test_the_json_report_names_the_tier_without_its_password(tmp_path, capsys):
+    server = RedisServer(str(tmp_path), ("--requirepass", "s3cret-word"))
+    server.start()
+    try:
+        url = f"redis://:s3cret-word@127.0.0.1:{server.port}/0"
+        status = demo_main(["--tier", url, "--json", *SMALL])
+    finally:
+        server.kill()
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "s3cret-word" not in captured.out + captured.err
+    assert f"127.0.0.1:{server.port}/0" in captured.out

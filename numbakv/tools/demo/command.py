@@ -224,5 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         status = 1
     if as_json:
         served = {"engines": [asdict(r) for r in reports]} if config.tier else asdict(reports[0])
-        print_json({"config": asdict(config), "interrupted": status == INTERRUPTED, **served})
+        said = asdict(config)
+        if config.tier is not None:
+            said["tier"] = redacted(config.tier)  # a password in the URL stays out of the report
+        print_json({"config": said, "interrupted": status == INTERRUPTED, **served})
     return status
