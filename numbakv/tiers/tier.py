@@ -428,9 +428,8 @@ class ChunkTier:
 
     def _load(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
-        values = self._ask_backend(
-            self.backend.read_into, [None] * len(keys), keys, payloads, HEADER_BYTES
-        )
+        no_answer = [None] * len(keys)
+        values = self._ask_backend(self.backend.read_into, no_answer, keys, payloads, HEADER_BYTES)
         failed, corrupt, own, other = [], [], 0, 0
         for key, payload, value in zip(keys, payloads, values):
             if value is None:
@@ -454,7 +453,8 @@ class ChunkTier:
         if corrupt:  # if the delete fails, the next reader's check catches them again
             self._ask_backend(self.backend.delete, None, corrupt)
         with self._lock:
-            self._unloadable.update(dict.fromkeys(failed))
+            if values is not no_answer:  # a store that did not answer said nothing of its keys
+                self._unloadable.update(dict.fromkeys(failed))
             while len(self._unloadable) > UNLOADABLE_LIMIT:
                 self._unloadable.popitem(last=False)
             self._counters.integrity_failures += len(corrupt)

@@ -189,6 +189,21 @@ def test_an_unreachable_store_gives_misses_and_failed_jobs_never_exceptions():
     assert tier.counters.dropped_stores == 2 and tier.counters.unavailable == 3
 
 
+def test_a_load_the_store_did_not_answer_leaves_its_chunks_loadable_once_it_is_back():
+    backend = DictBackend()
+    tier = tier_over(backend, breaker_cooldown_s=0.05)
+    tier.submit_store(1, KEYS[:2], [0, 1])
+    assert finished(tier)[1].success
+    backend.unavailable = True
+    tier.submit_load(2, KEYS[:2], [2, 3])
+    assert not finished(tier)[2].success
+    backend.unavailable = False
+    time.sleep(0.1)  # past the breaker's cooldown
+    assert tier.contains(KEYS[:2]) == [True, True]
+    tier.submit_load(3, KEYS[:2], [2, 3])
+    assert finished(tier)[3].success
+
+
 def test_jobs_reach_the_callback_once():
     seen = []
     tier = tier_over(DictBackend(), on_job_done=seen.append)
