@@ -123,6 +123,12 @@ def print_json(document: Any) -> None:
     sys.stdout.write("\n")
 
 
+def print_runs_json(runs: list[dict], source: str, interrupted: bool, single: bool) -> None:
+    """A replay's JSON: the one run with its trace beside it, or every run under `runs`."""
+    common = {"trace": source, "interrupted": interrupted}
+    print_json({**runs[0], **common} if single else {**common, "runs": runs})
+
+
 def print_hit_ratio(result: ReplayResult | FleetResult, requests: int, out: TextIO) -> None:
     """The hit-ratio line of a report, saying so when the replay stopped before `requests`."""
     partial = (

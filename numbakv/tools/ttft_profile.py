@@ -345,8 +345,15 @@ def format_worth_table(labels: Sequence[str], reports: Sequence[TTFTReport | Non
     return "\n".join(lines)
 
 
-def worth_json(report: TTFTReport | None) -> dict | None:
-    return None if report is None else asdict(report)
+def with_worth(runs: list[dict], worth: list[TTFTReport | None], profiled: bool) -> list[dict]:
+    """The runs' JSON documents, each with what its hits are worth (`ttft`) when a profile was
+    given."""
+    if not profiled:
+        return runs
+    return [
+        {**run, "ttft": None if report is None else asdict(report)}
+        for run, report in zip(runs, worth)
+    ]
 
 
 def _share(part: float, whole: float) -> str:

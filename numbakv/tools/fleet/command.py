@@ -24,7 +24,7 @@ from numbakv.tools.cli import (
     interrupted,
     positive_int,
     print_hit_ratio,
-    print_json,
+    print_runs_json,
 )
 from numbakv.tools.fleet.core import FleetConfig, FleetResult, fleet_grid
 from numbakv.tools.fleet.planning import (
@@ -37,7 +37,7 @@ from numbakv.tools.fleet.planning import (
 from numbakv.tools.fleet.routing import ROUTES, SESSION
 from numbakv.tools.replay.belady import BELADY
 from numbakv.tools.replay.planning import Capacity, bytes_label, parse_capacity
-from numbakv.tools.ttft_profile import TTFTProfile, print_worth, runs_worth, worth_json
+from numbakv.tools.ttft_profile import TTFTProfile, print_worth, runs_worth, with_worth
 
 _NO_TIER = ("0", "none")
 
@@ -208,11 +208,8 @@ def run_fleet(
         print(f"plot            {args.plot}", file=text)
     if args.json:
         runs = [_run_json(result, size, args.block_bytes) for result, size in zip(results, sizes)]
-        if profile is not None:
-            for run, report in zip(runs, worth):
-                run["ttft"] = worth_json(report)
-        common = {"trace": source, "interrupted": bool(status)}
-        print_json({**runs[0], **common} if single else {**common, "runs": runs})
+        runs = with_worth(runs, worth, profiled=profile is not None)
+        print_runs_json(runs, source, bool(status), single)
     return status
 
 

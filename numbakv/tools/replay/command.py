@@ -33,6 +33,7 @@ from numbakv.tools.cli import (
     positive_int,
     print_hit_ratio,
     print_json,
+    print_runs_json,
 )
 from numbakv.tools.fleet.command import add_fleet_arguments, check_fleet, run_fleet, wants_fleet
 from numbakv.tools.replay.belady import BELADY
@@ -52,7 +53,7 @@ from numbakv.tools.ttft_profile import (
     print_worth,
     read_profile,
     runs_worth,
-    worth_json,
+    with_worth,
 )
 from numbakv.tools.workloads.core import multi_turn_chat
 
@@ -247,11 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [
             _run_json(result, by_blocks[result.capacity], args.block_bytes) for result in results
         ]
-        if profile is not None:
-            for run, report in zip(runs, worth):
-                run["ttft"] = worth_json(report)
-        common = {"trace": source, "interrupted": bool(status)}
-        print_json({**runs[0], **common} if single else {**common, "runs": runs})
+        runs = with_worth(runs, worth, profiled=profile is not None)
+        print_runs_json(runs, source, bool(status), single)
     return status
 
 
