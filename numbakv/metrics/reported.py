@@ -18,23 +18,16 @@ class ReportedSeries:
 
     :meth:`change` reads it anew and says what to report since: a counter's increase, a gauge's
     value, a histogram's increase per bucket and in its sum. A counter starts from 0, a histogram
-    from no observations (``bounds``: its bucket bounds), a gauge from nothing (its first read is
-    reported).
+    from no observations (as many empty buckets as its first read has), a gauge from nothing (its
+    first read is reported).
     """
 
     __slots__ = ("last", "read", "type")
 
-    def __init__(
-        self, read: Callable[[Any], Any], type: MetricType, bounds: tuple[float, ...] = ()
-    ) -> None:
+    def __init__(self, read: Callable[[Any], Any], type: MetricType) -> None:
         self.read = read
         self.type = type
-        if type == "counter":
-            self.last: Any = 0
-        elif type == "histogram":
-            self.last = ([0] * (len(bounds) + 1), 0.0)
-        else:
-            self.last = None
+        self.last: Any = 0 if type == "counter" else None
 
     def change(self, source: Any) -> Any:
         """What changed in ``source`` since the last report, now reported; None if nothing did.
@@ -43,14 +36,15 @@ class ReportedSeries:
         """
         value = self.read(source)
         last = self.last
+        if self.type == "histogram":
+            value = list(value[0]), value[1]
+            if last is None:
+                last = [0] * len(value[0]), 0.0
+        self.last = value
         if value == last:
             return None
         if self.type == "counter":
-            self.last = value
             return value - last
         if self.type == "gauge":
-            self.last = value
             return value
-        counts, seconds = list(value[0]), value[1]
-        self.last = counts, seconds
-        return [n - m for n, m in zip(counts, last[0])], seconds - last[1]
+        return [n - m for n, m in zip(value[0], last[0])], value[1] - last[1]

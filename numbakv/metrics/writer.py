@@ -104,7 +104,7 @@ def _rows(series: list, labels: tuple[str, ...]) -> list[Row]:
             write = child.set
         else:
             write = partial(_add_to_histogram, child)
-        rows.append((write, ReportedSeries(read, definition.type, definition.bounds)))
+        rows.append((write, ReportedSeries(read, definition.type)))
     return rows
 
 
