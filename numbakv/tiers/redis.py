@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -85,8 +86,9 @@ class RedisSettings:
     node of a Redis Cluster. `ttl_s`: every value expires after this many seconds (required
     against a server that refuses writes when full). `max_connections`: the pool's bound (per node
     in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
-    chunks is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server. `socket_timeout_s`: how long one batch may wait on the server before the store
-    counts as unreachable; `connect_timeout_s` the same for connecting.
+    chunks is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server, at
+    most `max_connections` - 1 (one connection is left for lookups). `socket_timeout_s`: how long one batch may wait on the server before
+    the store counts as unreachable; `connect_timeout_s` the same for connecting.
     """
 
     url: str
@@ -178,7 +180,9 @@ class RedisBackend(ChunkBackend):
         except BaseException:  # refused at start: no connection outlives the error
             self._client.close()
             raise
-        self._stripes = ThreadPoolExecutor(settings.stripes, thread_name_prefix="numbakv-redis")
+        # A batch's stripes leave a connection of the pool to the lookups.
+        self._stripe_count = max(1, min(settings.stripes, settings.max_connections - 1))
+        self._stripes = ThreadPoolExecutor(self._stripe_count, thread_name_prefix="numbakv-redis")
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         replies = self._pipelined(keys, lambda _, key: [command(b"EXISTS", key)], _reply)
@@ -236,7 +240,7 @@ class RedisBackend(ChunkBackend):
         if payload_bytes:
             window = max(1, WINDOW_BYTES * len(keys) // payload_bytes)
         if not self.settings.cluster:
-            count = min(self.settings.stripes, len(keys), payload_bytes // STRIPE_BYTES)
+            count = min(self._stripe_count, len(keys), payload_bytes // STRIPE_BYTES)
             if count < 2:
                 return self._pipeline_on(self._client, keys, range(len(keys)), pack, read, window)
             step = -(-len(keys) // count)
@@ -252,6 +256,9 @@ class RedisBackend(ChunkBackend):
                 )
                 for start in range(0, len(keys), step)
             ]
+            # Every stripe ends before any answer or error is given: a failed batch's rows are
+            # handed back to the caller, so no stripe may still be reading into or from them.
+            wait_for_futures(stripes)
             return [reply for stripe in stripes for reply in stripe.result()]
         replies: list = [None] * len(keys)
         by_node: dict[str, list[int]] = {}
