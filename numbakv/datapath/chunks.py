@@ -190,12 +190,13 @@ class ChunkTransfers:
         return parts or [(0, gpu_ids, chunk_ids)]
 
     def _abandon(self, job_id: int, queued: list[int]) -> None:
-        """A job a later group's engine could not queue (a CUDA error): wait for its queued parts,
-        report none, and if it stored anything, mark its chunks unloadable."""
+        """A job an engine could not queue (a CUDA error): wait for its queued parts, report none,
+        and if it is a store, mark its chunks unloadable (a staged part may have written some of
+        its rounds before the failing one)."""
         job = self._jobs[job_id]
         for group in queued:
             self.engines[group].wait(job_id)
-        if queued and job.direction is Direction.STORE:
+        if job.direction is Direction.STORE:
             self._unloadable[job.chunk_ids] = True
         del self._jobs[job_id]
 

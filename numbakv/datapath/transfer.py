@@ -287,7 +287,9 @@ class TransferEngine:
         event with a `cuda_event` handle (torch.cuda.Event). Pass the compute stream to a store,
         so it never reads blocks still being written, and to a load, so it never overwrites blocks
         that queued kernels still read. Without it the job starts at once. Everything is
-        validated before any memory is touched; on error nothing is queued.
+        validated before any memory is touched. A CUDA error while queueing leaves no job behind,
+        but a staged job's earlier rounds may have run: a failed store's host blocks hold no
+        chunk to trust.
         """
         lane = self._lane(direction)
         is_store = lane.direction is Direction.STORE
@@ -374,7 +376,7 @@ class TransferEngine:
             record(slot.end_at, lane.stream_at)
         except BaseException:
             _settle(lane)  # what was queued ran to its end: nothing still reads the slot
-            lane.free_slots.append(slot)  # nothing was queued for good: the slot is free again
+            lane.free_slots.append(slot)  # no job holds it any more: the slot is free again
             raise
         job = _InFlight(job_id, lane.direction, count * self.layout.block_bytes, slot)
         lane.in_flight.append(job)

@@ -258,6 +258,21 @@ def test_a_job_refused_half_way_waits_for_its_queued_part_and_reports_nothing(mo
         transfers.submit(2, "load", np.array([0]), [1, 0], [0, 0], np.array([2]))
 
 
+def test_a_store_its_only_engine_fails_to_queue_leaves_its_chunks_unloadable(monkeypatch):
+    """A staged store can have written some rounds before the one that failed."""
+    transfers = _transfers(_tensors(np.random.default_rng(5)), GROUPINGS["one group"], 1)
+
+    def driver_error(*_args):
+        raise RuntimeError("injected driver failure")
+
+    monkeypatch.setattr(transfers.engines[0], "enqueue", driver_error)
+    with pytest.raises(RuntimeError, match="injected"):
+        transfers.submit(1, "store", np.array([0, 1]), [2], [0], np.array([2, 3]))
+    assert transfers.jobs_in_flight == 0 and transfers.get_finished() == []
+    with pytest.raises(ValueError, match="not stored completely"):
+        transfers.submit(2, "load", np.array([0]), [1], [0], np.array([3]))
+
+
 def test_an_empty_job_is_reported_like_any_other():
     transfers = _transfers(_tensors(np.random.default_rng(4)), GROUPINGS["one group"], 1)
     empty = np.empty(0, dtype=np.int64)
