@@ -49,7 +49,6 @@ class HostPool:
         self.device = current_device_id()
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
-        self.shared = shared
         started = time.perf_counter()
         if shared is None:
             mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
@@ -62,18 +61,21 @@ class HostPool:
 
     def _map_shared(self, path: str | os.PathLike[str], barrier: Callable[[], None] | None) -> None:
         """Map the node's copy at `path` for this device, then let its name go."""
+        memory, mapped = None, False
         try:
             memory = SharedHostMemory(path, self.nbytes)
             self._host = memory.array.reshape(self.num_blocks, self.block_bytes)
             self._device_address, registration = map_host(self._host)
+            mapped = True
         finally:
             if barrier is not None:
                 barrier()  # once per process, mapped or failed: none waits for one that failed
+            # After the barrier, so no process makes a second file of the same name.
+            if memory is not None and (not mapped or barrier is not None):
+                memory.unlink()  # a failed pin leaves no file behind in host memory
         self._memory = (memory, registration)
         if barrier is None:
             weakref.finalize(self, memory.unlink)
-        else:
-            memory.unlink()
 
     @classmethod
     def for_layout(cls, layout: Any, num_blocks: int) -> HostPool:

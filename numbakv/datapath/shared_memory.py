@@ -27,7 +27,6 @@ class SharedHostMemory:
         if nbytes <= 0:
             raise ValueError(f"nbytes must be positive, got {nbytes}")
         self.path = Path(path)
-        self.nbytes = nbytes
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             size = os.fstat(descriptor).st_size

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from numbakv.datapath import HostPool, TransferEngine
+from numbakv.datapath import host_pool as host_pool_module
 from numbakv.datapath import shared_memory as shared_memory_module
 from tests.support.datapath_cases import GPU_POISON, finish, make_cache
 
@@ -80,3 +81,13 @@ def test_too_little_shared_memory_is_refused_before_sizing(tmp_path, monkeypatch
     with pytest.raises(OSError, match="shared host copy needs .* --shm-size"):
         HostPool(4, 64, shared=path)
     assert not path.exists()
+
+
+def test_a_pool_that_fails_to_pin_leaves_no_file_behind(tmp_path, monkeypatch):
+    def refused(_array):
+        raise RuntimeError("injected: the driver refused to pin")
+
+    monkeypatch.setattr(host_pool_module, "map_host", refused)
+    with pytest.raises(RuntimeError, match="injected"):
+        HostPool(4, 4096, shared=tmp_path / "pool.kv")
+    assert list(tmp_path.iterdir()) == []
