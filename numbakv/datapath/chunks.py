@@ -53,7 +53,9 @@ class ChunkTransfers:
     `HostPool` of this process's own by default; one the node's processes share, for instance).
 
     A store that fails leaves its chunks marked unloadable until a later store to them succeeds:
-    whatever the scheduler does with the failure, no half-written chunk is ever loaded.
+    whatever the scheduler does with the failure, this process loads no half-written chunk. The
+    mark is this process's own: with a pool the node shares, the other processes rely on the
+    scheduler dropping the failed store (vLLM's connector does).
     """
 
     def __init__(
