@@ -160,7 +160,7 @@ class Cascade:
             if demotion is None:
                 start()
             else:
-                self._after_demotion[demotion] = start
+                self.after_demotion(demotion, start)
         except Exception:
             self.manager.complete_store(promoted, success=False)
             raise
@@ -260,7 +260,8 @@ class Cascade:
             self._promoting.difference_update(block_hashes)
 
     def finish(self) -> None:
-        """Wait for every tier job in flight, and for what each one released, and settle them."""
+        """Wait for every tier job in flight, the promotions a demotion released included, and
+        settle them (an engine job a demotion released is its caller's to wait for)."""
         while self._jobs:
             self.tier.drain()
             self.collect()
