@@ -345,10 +345,27 @@ def format_worth_table(labels: Sequence[str], reports: Sequence[TTFTReport | Non
     return "\n".join(lines)
 
 
-def with_worth(runs: list[dict], worth: list[TTFTReport | None], profiled: bool) -> list[dict]:
+def report_worth(
+    profile: TTFTProfile | None,
+    chains: Sequence[Sequence[int]],
+    request_hits: Sequence,
+    block_tokens: int,
+    labels: Sequence[str],
+    out: TextIO,
+) -> list[TTFTReport | None] | None:
+    """What the runs' hits are worth under `profile`, printed after their report and returned
+    for the JSON (None without a profile): what the replay's and the fleet's commands add."""
+    if profile is None:
+        return None
+    worth = runs_worth(profile, chains, request_hits[: len(labels)], block_tokens)
+    print_worth(profile, block_tokens, labels, worth, out)
+    return worth
+
+
+def with_worth(runs: list[dict], worth: list[TTFTReport | None] | None) -> list[dict]:
     """The runs' JSON documents, each with what its hits are worth (`ttft`) when a profile was
-    given."""
-    if not profiled:
+    given (`worth` is not None)."""
+    if worth is None:
         return runs
     return [
         {**run, "ttft": None if report is None else asdict(report)}

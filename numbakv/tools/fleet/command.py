@@ -37,7 +37,7 @@ from numbakv.tools.fleet.planning import (
 from numbakv.tools.fleet.routing import ROUTES, SESSION
 from numbakv.tools.replay.belady import BELADY
 from numbakv.tools.replay.planning import Capacity, bytes_label, parse_capacity
-from numbakv.tools.ttft_profile import TTFTProfile, print_worth, runs_worth, with_worth
+from numbakv.tools.ttft_profile import TTFTProfile, report_worth, with_worth
 
 _NO_TIER = ("0", "none")
 
@@ -198,17 +198,14 @@ def run_fleet(
         _print_run(results[0], sizes[0], args.block_bytes, len(chains), text)
     else:
         print(format_fleet_table(results, sizes, args.block_bytes, len(chains)), file=text)
-    worth = [None] * len(results)
-    if profile is not None:
-        worth = runs_worth(profile, chains, request_hits[: len(results)], args.block_tokens)
-        labels = [_label(result.config, size) for result, size in zip(results, sizes)]
-        print_worth(profile, args.block_tokens, labels, worth, text)
+    labels = [_label(result.config, size) for result, size in zip(results, sizes)]
+    worth = report_worth(profile, chains, request_hits, args.block_tokens, labels, text)
     if args.plot and not status:
         plot_fleet(results, sizes, args.plot, title=Path(source).name)
         print(f"plot            {args.plot}", file=text)
     if args.json:
         runs = [_run_json(result, size, args.block_bytes) for result, size in zip(results, sizes)]
-        runs = with_worth(runs, worth, profiled=profile is not None)
+        runs = with_worth(runs, worth)
         print_runs_json(runs, source, bool(status), single)
     return status
 

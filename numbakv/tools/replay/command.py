@@ -50,9 +50,8 @@ from numbakv.tools.replay.planning import (
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace, read_hash_chains
 from numbakv.tools.ttft_profile import (
     add_ttft_arguments,
-    print_worth,
     read_profile,
-    runs_worth,
+    report_worth,
     with_worth,
 )
 from numbakv.tools.workloads.core import multi_turn_chat
@@ -236,11 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = format_table(results, plan.policies, plan.capacities, args.block_bytes, len(chains))
         print(table, file=text)
     by_blocks = {capacity.blocks: capacity for capacity in plan.capacities}
-    worth = [None] * len(results)
-    if profile is not None:
-        worth = runs_worth(profile, chains, request_hits[: len(results)], args.block_tokens)
-        labels = [f"{r.policy} at {by_blocks[r.capacity].label}" for r in results]
-        print_worth(profile, args.block_tokens, labels, worth, text)
+    labels = [f"{r.policy} at {by_blocks[r.capacity].label}" for r in results]
+    worth = report_worth(profile, chains, request_hits, args.block_tokens, labels, text)
     if args.plot and not status:
         plot_hit_ratios(results, plan.capacities, args.plot, title=Path(source).name)
         print(f"plot            {args.plot}", file=text)
@@ -248,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [
             _run_json(result, by_blocks[result.capacity], args.block_bytes) for result in results
         ]
-        runs = with_worth(runs, worth, profiled=profile is not None)
+        runs = with_worth(runs, worth)
         print_runs_json(runs, source, bool(status), single)
     return status
 
