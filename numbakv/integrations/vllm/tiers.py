@@ -42,11 +42,6 @@ from numbakv.jobs import Direction
 from numbakv.metrics.definitions import Definition, Source, definition_of
 from numbakv.metrics.reported import ReportedSeries
 from numbakv.tiers import ChunkTier, Namespace, open_tier
-from numbakv.tiers.tier import (
-    DEFAULT_BREAKER_COOLDOWN_S,
-    DEFAULT_IO_THREADS,
-    DEFAULT_LOOKUP_DEADLINE_S,
-)
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.backpressure import BackpressureDetector
@@ -117,9 +112,6 @@ class ChunkTierManager(SecondaryTierManager):
         tier_type: str,
         backpressure_detector: BackpressureDetector | None = None,
         *,
-        lookup_deadline_s: float = DEFAULT_LOOKUP_DEADLINE_S,
-        io_threads: int = DEFAULT_IO_THREADS,
-        breaker_cooldown_s: float = DEFAULT_BREAKER_COOLDOWN_S,
         enable_kv_events: bool = False,
         locality: str | None = None,
         **backend_settings: Any,
@@ -133,15 +125,7 @@ class ChunkTierManager(SecondaryTierManager):
         host_pool = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(rows, row_bytes)
         emit = enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
         url, backend_settings = self.tier_url(backend_settings, removal_events=emit)
-        self.tier = open_tier(
-            url,
-            host_pool,
-            self.namespace,
-            io_threads=io_threads,
-            lookup_deadline_s=lookup_deadline_s,
-            breaker_cooldown_s=breaker_cooldown_s,
-            **backend_settings,
-        )
+        self.tier = open_tier(url, host_pool, self.namespace, **backend_settings)
         try:  # a start that fails leaves no connection, thread or view of the host pool behind
             # numbakv's tier metrics for numbakv-sidecar (vLLM's tiering metrics count it either way).
             self._metrics = start_process_metrics(
