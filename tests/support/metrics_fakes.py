@@ -171,12 +171,16 @@ def run_writers(directory, *writers: tuple[str, int]) -> None:
 
 def start_writer(directory, instance: str, seconds: float = 60.0) -> subprocess.Popen:
     """A writer process that keeps running (varied workload, syncing every 0.1 s) for ``seconds``;
-    returns once its files exist, so that it can be killed with its live gauges in place."""
+    returns once its files exist (its first sync writes all three, one after another), so that it
+    can be killed with its live gauges in place and every kind of file written."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
     proc = subprocess.Popen([sys.executable, WRITER, instance, "1", str(seconds)], env=env)
-    gauges = os.path.join(str(directory), f"gauge_livesum_{proc.pid}.db")
+    files = [
+        os.path.join(str(directory), f"{kind}_{proc.pid}.db")
+        for kind in ("counter", "gauge_livesum", "histogram")
+    ]
     deadline = time.monotonic() + 30
-    while not os.path.exists(gauges):
+    while not all(map(os.path.exists, files)):
         assert proc.poll() is None and time.monotonic() < deadline, "the writer never wrote"
         time.sleep(0.02)
     return proc
