@@ -17,8 +17,14 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from numbakv.datapath._device import array_interface, current_device_id, map_host, word_view
-from numbakv.datapath.shared_memory import SharedHostMemory
+from numbakv.datapath._device import (
+    CudaAPIError,
+    array_interface,
+    current_device_id,
+    map_host,
+    word_view,
+)
+from numbakv.datapath.shared_memory import SHARED_DIR, SharedHostMemory
 
 
 class HostPool:
@@ -65,7 +71,13 @@ class HostPool:
         try:
             memory = SharedHostMemory(path, self.nbytes)
             self._host = memory.array.reshape(self.num_blocks, self.block_bytes)
-            self._device_address, registration = map_host(self._host)
+            try:
+                self._device_address, registration = map_host(self._host)
+            except CudaAPIError as error:
+                raise OSError(
+                    f"shared={str(path)!r}: the GPU cannot pin a mapping of this file ({error}); "
+                    f"shared host memory must be on a memory file system such as {SHARED_DIR}"
+                ) from error
             mapped = True
         finally:
             if barrier is not None:

@@ -4,8 +4,10 @@ reached by each opener's kernels, and a name that does not outlive its users."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +16,26 @@ import pytest
 from numbakv.datapath import HostPool, TransferEngine
 from numbakv.datapath import host_pool as host_pool_module
 from numbakv.datapath import shared_memory as shared_memory_module
+from numbakv.datapath._device import CudaAPIError
 from tests.support.datapath_cases import GPU_POISON, finish, make_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_pools_opened_at_one_path_are_one_copy_that_each_engine_reaches(tmp_path):
-    path = tmp_path / "pool.kv"
+@pytest.fixture
+def memory_dir(tmp_path):
+    """A fresh folder on Linux's memory file system, where shared pools live: a GPU pins a
+    mapping of a file there (of a file on disk, it refuses). tmp_path where there is none."""
+    if not shared_memory_module.SHARED_DIR.is_dir():
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="numbakv-test-", dir=shared_memory_module.SHARED_DIR))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_pools_opened_at_one_path_are_one_copy_that_each_engine_reaches(memory_dir):
+    path = memory_dir / "pool.kv"
     cache = make_cache("mla", np.random.default_rng(3), num_blocks=6)
     writer = HostPool(5, cache.layout.block_bytes, shared=path)
     reader = HostPool(5, cache.layout.block_bytes, shared=path)
@@ -40,8 +55,8 @@ def test_pools_opened_at_one_path_are_one_copy_that_each_engine_reaches(tmp_path
     assert set(cache.block_bytes(copies, 0)) == {GPU_POISON}
 
 
-def test_another_process_writes_the_same_pages_and_its_name_goes_with_its_pool(tmp_path):
-    path = tmp_path / "pool.kv"
+def test_another_process_writes_the_same_pages_and_its_name_goes_with_its_pool(memory_dir):
+    path = memory_dir / "pool.kv"
     pool = HostPool(8, 96, shared=path)
     child = (
         "import sys, numpy as np; from numbakv.datapath import HostPool; "
@@ -54,8 +69,8 @@ def test_another_process_writes_the_same_pages_and_its_name_goes_with_its_pool(t
     assert not path.exists()  # the child's pool went: no new process can join, ours still maps
 
 
-def test_a_barrier_removes_the_name_once_every_process_has_mapped_it(tmp_path):
-    path = tmp_path / "pool.kv"
+def test_a_barrier_removes_the_name_once_every_process_has_mapped_it(memory_dir):
+    path = memory_dir / "pool.kv"
     arrived = []
     pool = HostPool(2, 64, shared=path, barrier=lambda: arrived.append(path.exists()))
     assert arrived == [True] and not path.exists()
@@ -63,8 +78,8 @@ def test_a_barrier_removes_the_name_once_every_process_has_mapped_it(tmp_path):
     assert (pool.blocks == 9).all()
 
 
-def test_a_name_holding_other_sizes_is_refused_naming_it_after_the_barrier(tmp_path):
-    path = tmp_path / "pool.kv"
+def test_a_name_holding_other_sizes_is_refused_naming_it_after_the_barrier(memory_dir):
+    path = memory_dir / "pool.kv"
     kept = HostPool(4, 64, shared=path)
     arrived = []
     with pytest.raises(ValueError, match=f"{path} holds 256 bytes, expected 128"):
@@ -83,11 +98,14 @@ def test_too_little_shared_memory_is_refused_before_sizing(tmp_path, monkeypatch
     assert not path.exists()
 
 
-def test_a_pool_that_fails_to_pin_leaves_no_file_behind(tmp_path, monkeypatch):
-    def refused(_array):
-        raise RuntimeError("injected: the driver refused to pin")
+def test_a_pool_that_fails_to_pin_leaves_no_file_behind_and_says_where_pools_live(
+    tmp_path, monkeypatch
+):
+    def refused(_array):  # what the driver answers for a file on disk
+        raise CudaAPIError(1, "Call to cuMemHostRegister results in CUDA_ERROR_INVALID_VALUE")
 
     monkeypatch.setattr(host_pool_module, "map_host", refused)
-    with pytest.raises(RuntimeError, match="injected"):
-        HostPool(4, 4096, shared=tmp_path / "pool.kv")
+    path = tmp_path / "pool.kv"
+    with pytest.raises(OSError, match=f"shared='{path}': the GPU cannot pin .* such as /dev/shm"):
+        HostPool(4, 4096, shared=path)
     assert list(tmp_path.iterdir()) == []
