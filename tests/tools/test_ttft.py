@@ -35,13 +35,13 @@ def test_every_row_is_there_with_its_time(report):
     for row in report["rows"]:
         assert row["ttft_ms"] > 0 and row["prompt_tokens"] == 256
         assert row["prefix_tokens"] + row["new_tokens"] == 256
-    assert report["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers x K, V x heads x head x fp32
+    word = {"float32": 4, "bfloat16": 2}[report["dtype"]]  # fp32 on the CPU, bf16 on a GPU
+    assert report["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * word  # layers x K, V x heads x head
 
 
 def test_each_load_brings_back_the_recomputes_kv_and_first_token(report):
     for row in report["rows"][1:]:
-        assert row["kv_exact"] and row["first_token_matches"], row
-        assert row["logits_max_abs_diff"] <= row["logits_tolerance"], row
+        assert row["kv_exact"] and row["logits_exact"] and row["first_token_matches"], row
         assert row["load_bytes"] == 128 * report["kv_bytes_per_token"]
         assert row["load_ms"] + row["forward_ms"] == pytest.approx(row["ttft_ms"])
 
