@@ -251,6 +251,32 @@ def test_a_faster_other_path_is_recommended_not_a_missed_target(check, capsys):
     assert "switch from zero_copy to staged" in out and "keep zero_copy" in out
 
 
+def test_a_store_path_that_spares_the_compute_is_recommended_over_a_faster_one(check, capsys):
+    """As on the H200: zero-copy stores faster alone, staged slows the compute beside it 17 points
+    less; within COMPUTE_MARGIN the per-step rate decides again."""
+    bandwidth = _bandwidth()
+    bandwidth["per_step"]["paths"]["zero_copy"]["store_poll_gbps"] = 52.0  # staged: 50
+
+    def overlap(zero_copy: float, staged: float) -> dict:
+        shapes = [
+            {"path": "staged", "engine_launch": True, "compute_slowdown": staged},
+            {"path": "zero_copy", "engine_launch": True, "compute_slowdown": zero_copy},
+            {"path": "zero_copy", "engine_launch": False, "compute_slowdown": 0.0},  # not its own
+        ]
+        return {"overlap_by_shape": shapes}
+
+    store = check.recommended_paths(bandwidth, overlap(0.173, 0.002))["store"]
+    assert (store["faster"], store["recommended"], store["by"]) == (
+        "zero_copy",
+        "staged",
+        "compute beside it",
+    )
+    check.print_table({"environment": {}, "steps": {}, "targets": [], "paths": {"store": store}})
+    assert "compute beside it staged +0.2%, zero_copy +17.3%" in capsys.readouterr().out
+    store = check.recommended_paths(bandwidth, overlap(0.04, 0.002))["store"]
+    assert (store["recommended"], store["by"]) == ("zero_copy", "per step")
+
+
 def test_both_ways_at_once_is_unchecked_when_the_directions_take_different_paths(check):
     bandwidth = _bandwidth()
     bandwidth["default_paths"] = {"store": "zero_copy", "load": "staged"}
@@ -290,7 +316,10 @@ def test_carried_debian_packages_go_first_on_the_paths(check, monkeypatch):
 
 def test_the_wheels_carry_every_runtime_and_test_dependency_the_image_lacks():
     wheels = _load("gpu_wheels")
-    needed = wheels.requirements()
+    try:
+        needed = wheels.requirements()
+    except SystemExit as missing:  # on the GPU machine: the project installed without its deps
+        pytest.skip(f"numbakv[test] is not installed here whole ({missing})")
     carried = set(wheels.carried())
     assert {"xxhash", "redis", "hiredis", "numpy", "fastapi", "hypothesis"} <= carried
     assert not carried & wheels.IMAGE_HAS
