@@ -33,7 +33,7 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     )
     step = report["per_step"]
     assert step["job_bytes"] == 2 * 2 * 512  # 2 blocks x 2 layers x 512 bytes
-    assert report["default_paths"] == {"store": "zero_copy", "load": "zero_copy"}
+    assert report["default_paths"] == {"store": "staged", "load": "zero_copy"}
     assert set(step["paths"]) == {"zero_copy", "staged"}
     for figures in step["paths"].values():
         assert figures["submit_us_without_launch"] > 0
