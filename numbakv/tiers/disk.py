@@ -18,7 +18,9 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from numbakv.checks import positive
 from numbakv.manager import CPUOffloadingManager
 from numbakv.policies import resolve_policy
 from numbakv.tiers.backend import ChunkBackend, Occupancy, StoredValue
-from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, parse_header
+from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, checksum, parse_header
 from numbakv.tiers.namespace import Namespace
 from numbakv.tiers.settings import settings_from
 
@@ -52,13 +54,16 @@ class DiskSettings:
     `root_dir`: the directory (chunks go under `root_dir`/<namespace digest>/). `bytes_to_use`: the
     most bytes of chunk files kept. `cache_policy`: any numbakv policy name or import path, which
     picks what to evict past the bound. `track_removals`: remember the keys of files removed, for
-    `DiskBackend.take_removed` (vLLM's KV events).
+    `DiskBackend.take_removed` (vLLM's KV events). `stripes`: the threads one batch's files are
+    read or written on at once, so that one request's chunks reach the disk together (the queue
+    depth a batch gets; 1 reads and writes them one after another on the caller's thread).
     """
 
     root_dir: str | os.PathLike
     bytes_to_use: int
     cache_policy: str = "lru"
     track_removals: bool = False
+    stripes: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.root_dir, (str, os.PathLike)) or not os.fspath(self.root_dir):
@@ -69,6 +74,7 @@ class DiskSettings:
         resolve_policy(self.cache_policy)
         if not isinstance(self.track_removals, bool):
             raise TypeError(f"track_removals must be true or false, got {self.track_removals!r}")
+        object.__setattr__(self, "stripes", positive("stripes", self.stripes, integer=True))
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> DiskSettings:
@@ -92,10 +98,11 @@ class DiskBackend(ChunkBackend):
         bytes_to_use: int,
         cache_policy: str = "lru",
         track_removals: bool = False,
+        stripes: int = 8,
     ) -> None:
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
-        self.settings = DiskSettings(root_dir, bytes_to_use, cache_policy, track_removals)
+        self.settings = DiskSettings(root_dir, bytes_to_use, cache_policy, track_removals, stripes)
         self.chunk_bytes = chunk_bytes = positive("chunk_bytes", chunk_bytes, integer=True)
         self.file_bytes = ALIGNMENT + _aligned(chunk_bytes)
         if self.settings.bytes_to_use < self.file_bytes:
@@ -120,6 +127,9 @@ class DiskBackend(ChunkBackend):
         if not self.direct_io:
             logger.warning("numbakv disk tier: %s refuses O_DIRECT; buffered I/O", self.directory)
         self._rebuild()
+        self._stripes = (
+            ThreadPoolExecutor(stripes, thread_name_prefix="numbakv-disk") if stripes > 1 else None
+        )
 
     @property
     def capacity_files(self) -> int:
@@ -159,10 +169,18 @@ class DiskBackend(ChunkBackend):
         if plan is None:  # every file is being read or written: nothing may be evicted
             return [False] * len(keys)
         self._unlink(plan.block_hashes_evicted)
-        to_store, outcome = set(plan.block_hashes_to_store), {}
-        for key, header, payload in zip(keys, headers, payloads):
-            if key in to_store and key not in outcome:
-                outcome[key] = self._write_file(key, header, payload)
+        to_store, first = set(plan.block_hashes_to_store), {}
+        for position, key in enumerate(keys):
+            if key in to_store:
+                first.setdefault(key, position)
+        # a header is taken (its payload's checksum) on the thread that writes its file
+        written = self._spread(
+            lambda position: self._write_file(
+                keys[position], headers[position], payloads[position]
+            ),
+            list(first.values()),
+        )
+        outcome = dict(zip(first, written))
         with self._lock:
             self._index.complete_store([key for key, ok in outcome.items() if ok])
             self._index.complete_store([key for key, ok in outcome.items() if not ok], False)
@@ -177,15 +195,22 @@ class DiskBackend(ChunkBackend):
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
         self._unlink(evicted)
+        values: list[StoredValue | None] = [None] * len(keys)
+        wanted = [position for position, there in enumerate(ready) if there]
         try:
-            values = [
-                self._read_file(key, payload) if there else None
-                for key, payload, there in zip(keys, payloads, ready)
-            ]
+            found = self._spread(
+                lambda position: self._read_file(keys[position], payloads[position]), wanted
+            )
         finally:
             with self._lock:
                 self._index.complete_load(pinned)
+        for position, value in zip(wanted, found):
+            values[position] = value
         return values
+
+    def close(self) -> None:
+        if self._stripes is not None:
+            self._stripes.shutdown()
 
     def delete(self, keys: Sequence[bytes]) -> None:
         with self._lock:
@@ -244,6 +269,16 @@ class DiskBackend(ChunkBackend):
     def _unlink(self, keys: Sequence[bytes]) -> None:
         for key in keys:
             _remove_quietly(self._path(key))
+
+    def _spread(self, work: Callable[[int], Any], positions: list[int]) -> list:
+        """`work(position)` for each of `positions`, on up to `stripes` threads at once, the
+        answers in order. Every call has ended when this returns or raises: the rows they read
+        into or write from go back to the caller."""
+        if self._stripes is None or len(positions) < 2:
+            return [work(position) for position in positions]
+        calls = [self._stripes.submit(work, position) for position in positions]
+        wait_for_futures(calls)
+        return [call.result() for call in calls]
 
     def _io_buffer(self) -> memoryview:
         """This thread's page-aligned buffer of one file: the header block, then a payload."""
@@ -307,7 +342,10 @@ class DiskBackend(ChunkBackend):
                 payload[:] = buffer[ALIGNMENT : ALIGNMENT + payload.nbytes]
             else:
                 got = os.preadv(fd, [payload], ALIGNMENT)
-            return StoredValue(header, min(got, payload.nbytes))
+            whole = got >= payload.nbytes  # a short read fails the tier's length check
+            # taken here, on this file's thread, not by the tier after the whole batch
+            digest = checksum(payload, key) if whole else None
+            return StoredValue(header, min(got, payload.nbytes), digest)
         except OSError as error:
             logger.warning("numbakv disk tier: reading %s failed: %s", key.hex(), error)
             return None

@@ -179,6 +179,7 @@ def _open_backend(
             settings.bytes_to_use,
             settings.cache_policy,
             settings.track_removals,
+            settings.stripes,
         )
     except OSError as error:  # the directory cannot be made or written
         raise TierOpenError(f"dir:{settings.root_dir}: {error}") from None
