@@ -18,6 +18,7 @@ import mmap
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
@@ -121,6 +122,9 @@ class DiskBackend(ChunkBackend):
             os.makedirs(os.path.join(self.directory, f"{fan:02x}"), exist_ok=True)
         self._namespace = namespace.digest
         self._lock = threading.Lock()
+        self._leaving: Counter[bytes] = Counter()
+        """Keys whose files are being removed, outside the lock: none is stored or adopted until
+        its file is gone, or the removal would take the new file with it."""
         self._buffers = threading.local()
         self._temp_numbers = itertools.count()
         self.direct_io = _direct_io_works(self.directory)
@@ -148,6 +152,7 @@ class DiskBackend(ChunkBackend):
         on_disk, evicted = self._on_disk(keys), []
         with self._lock:
             ready = self._reconcile(keys, on_disk, evicted)
+            self._leaving.update(evicted)
         self._unlink(evicted)
         return ready
 
@@ -165,7 +170,10 @@ class DiskBackend(ChunkBackend):
                     f"payloads must be chunk_bytes ({self.chunk_bytes}) long, got {payload.nbytes}"
                 )
         with self._lock:
-            plan = self._index.prepare_store(keys)
+            leaving = {key for key in keys if self._leaving[key]}
+            plan = self._index.prepare_store([key for key in keys if key not in leaving])
+            if plan is not None:
+                self._leaving.update(plan.block_hashes_evicted)
         if plan is None:  # every file is being read or written: nothing may be evicted
             return [False] * len(keys)
         self._unlink(plan.block_hashes_evicted)
@@ -184,7 +192,8 @@ class DiskBackend(ChunkBackend):
         with self._lock:
             self._index.complete_store([key for key, ok in outcome.items() if ok])
             self._index.complete_store([key for key, ok in outcome.items() if not ok], False)
-        return [outcome.get(key, True) for key in keys]  # absent from outcome: already stored
+        # absent from outcome: already stored, or its old file still leaving (dropped)
+        return [key not in leaving and outcome.get(key, True) for key in keys]
 
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
@@ -192,6 +201,7 @@ class DiskBackend(ChunkBackend):
         on_disk, evicted = self._on_disk(keys), []
         with self._lock:
             ready = self._reconcile(keys, on_disk, evicted)
+            self._leaving.update(evicted)
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
         self._unlink(evicted)
@@ -215,6 +225,7 @@ class DiskBackend(ChunkBackend):
     def delete(self, keys: Sequence[bytes]) -> None:
         with self._lock:
             self._index.remove(keys)
+            self._leaving.update(keys)
         self._unlink(keys)
 
     def touch(self, keys: Sequence[bytes]) -> None:
@@ -252,7 +263,7 @@ class DiskBackend(ChunkBackend):
                 if not there:
                     index.remove((key,))
                 ready.append(there)
-            elif there and not index.is_being_stored(key):
+            elif there and not index.is_being_stored(key) and not self._leaving[key]:
                 ready.append(self._adopt(key, evicted))
             else:
                 ready.append(False)
@@ -267,8 +278,14 @@ class DiskBackend(ChunkBackend):
         return True
 
     def _unlink(self, keys: Sequence[bytes]) -> None:
+        """Remove the files of `keys`, which the caller marked leaving under the lock."""
         for key in keys:
             _remove_quietly(self._path(key))
+        with self._lock:
+            for key in keys:
+                self._leaving[key] -= 1
+                if not self._leaving[key]:
+                    del self._leaving[key]
 
     def _spread(self, work: Callable[[int], Any], positions: list[int]) -> list:
         """`work(position)` for each of `positions`, on up to `stripes` threads at once, the
@@ -379,6 +396,7 @@ class DiskBackend(ChunkBackend):
         for start in range(0, len(keys), step):
             batch = keys[start : start + step]
             plan = self._index.prepare_store(batch)
+            self._leaving.update(plan.block_hashes_evicted)
             self._unlink(plan.block_hashes_evicted)  # more files than bytes_to_use: the oldest go
             self._index.complete_store(batch)
         list(self._index.take_events())  # what a restart finds is no news

@@ -381,6 +381,36 @@ def test_bad_writes_are_refused_before_a_file_is_written(tmp_path):
     assert backend.exists([b"k"]) == [False] and chunk_files(backend) == []
 
 
+def test_a_store_racing_the_removal_of_its_keys_old_file_is_dropped_not_lost(tmp_path, monkeypatch):
+    """Room for two files: storing a third evicts the first, whose file is removed outside the
+    lock. A store of that key in between would be a file the removal takes with it (the index
+    holding a chunk that is gone): it is refused instead, and the key can be stored once its old
+    file has gone."""
+    backend = DiskBackend(tmp_path, namespace(), CHUNK_BYTES, bytes_for(2, CHUNK_BYTES))
+    pool = aligned_pool(3, 11)
+
+    def write(key: bytes, row: int) -> bool:
+        payload = memoryview(pool[row])
+        header = encode_header(namespace().digest, b"w" * 8, payload, key)
+        (stored,) = backend.write([key], [header], [payload])
+        return stored
+
+    assert write(b"first", 0) and write(b"second", 1)
+    raced = []
+    remove = disk_module._remove_quietly
+
+    def remove_after_a_racing_store(path: str) -> None:
+        if path == backend._path(b"first") and not raced:
+            raced.append(write(b"first", 2))  # another thread's store, in the window
+        remove(path)
+
+    monkeypatch.setattr(disk_module, "_remove_quietly", remove_after_a_racing_store)
+    assert write(b"third", 2)
+    assert raced == [False]  # refused, not reported stored and then lost
+    assert backend.exists([b"first", b"second", b"third"]) == [False, True, True]
+    assert write(b"first", 0) and backend.exists([b"first"]) == [True]
+
+
 def occupy_with_a_directory(path: str) -> None:
     """Put a non-empty directory where a chunk file was: unlinking it fails (EISDIR, even as root)."""
     os.unlink(path)
