@@ -24,7 +24,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numbakv.tiers import Namespace, open_tier
-from numbakv.tiers.disk import DiskSettings
 
 CHUNK_BYTES = 2 << 20
 
@@ -47,15 +46,13 @@ def main() -> None:
         "disk-stripes", "", "bfloat16", 16, 1, 1, 1, 1, CHUNK_BYTES, "disk-stripes"
     )  # fmt: skip
     root = tempfile.mkdtemp(prefix="numbakv-stripes-", dir=args.dir)
-    default = DiskSettings.__dataclass_fields__["stripes"].default
-    tiers = {
-        stripes: open_tier(
-            f"dir:{root}", rows, namespace, bytes_to_use=2 * n * CHUNK_BYTES, stripes=stripes
-        )
-        for stripes in sorted({1, default})
-    }
+    default = open_tier(f"dir:{root}", rows, namespace, bytes_to_use=2 * n * CHUNK_BYTES)
+    one_by_one = open_tier(
+        f"dir:{root}", rows, namespace, bytes_to_use=2 * n * CHUNK_BYTES, stripes=1
+    )
+    tiers = {tier.backend.settings.stripes: tier for tier in (one_by_one, default)}
     keys = [uuid.uuid4().bytes for _ in range(n)]
-    writer = tiers[default]
+    writer = default
     writer.submit_store("store", keys, np.arange(n))
     writer.drain()
     assert all(job.success for job in writer.take_finished())

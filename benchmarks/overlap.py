@@ -88,6 +88,7 @@ def overlap(torch, layout, pool, n: int) -> list[dict]:
 
     results = []
     for path, threads, blocks in SHAPES:
+        engine_launch = threads is None and blocks is None
         options = {"path": path, "threads_per_block": threads}
         if blocks is not None:
             options["max_thread_blocks"] = blocks
@@ -116,10 +117,8 @@ def overlap(torch, layout, pool, n: int) -> list[dict]:
                 "path": engine.path[Direction.STORE],
                 "threads_per_block": engine.threads_per_block[Direction.STORE],
                 "thread_blocks": engine.thread_blocks[Direction.STORE],
-                "engine_launch": threads is None and blocks is None,
-                "default": threads is None
-                and blocks is None
-                and path == DEFAULT_PATHS[Direction.STORE],
+                "engine_launch": engine_launch,
+                "default": engine_launch and path == DEFAULT_PATHS[Direction.STORE],
                 "blocks": n,
                 "store_s": store_wall,
                 "compute_s": statistics.median(compute_s),

@@ -152,7 +152,6 @@ class DiskBackend(ChunkBackend):
         on_disk, evicted = self._on_disk(keys), []
         with self._lock:
             ready = self._reconcile(keys, on_disk, evicted)
-            self._leaving.update(evicted)
         self._unlink(evicted)
         return ready
 
@@ -201,7 +200,6 @@ class DiskBackend(ChunkBackend):
         on_disk, evicted = self._on_disk(keys), []
         with self._lock:
             ready = self._reconcile(keys, on_disk, evicted)
-            self._leaving.update(evicted)
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
         self._unlink(evicted)
@@ -274,6 +272,7 @@ class DiskBackend(ChunkBackend):
         if plan is None:
             return False
         evicted += plan.block_hashes_evicted
+        self._leaving.update(plan.block_hashes_evicted)
         self._index.complete_store((key,))
         return True
 
