@@ -12,19 +12,21 @@ Rows, each a median of `--repeats` runs after a warm-up, interleaved:
 - recompute: one forward pass over the whole prompt;
 - numbakv: load the prefix's blocks from host memory through numbakv's data path into a paged KV
   cache in vLLM's layout (flash-attention, blocks of 16 tokens, every layer), then one forward
-  pass over the new tokens with a KV cache of the prefix's length;
+  pass over the new tokens whose attention reads the prefix in the paged cache;
 - disk: the same, the blocks first read from numbakv's disk tier into host memory;
 - torch: the same, loaded torch's way: one pinned copy to the GPU, then an index_copy per layer.
 Only the last token's logits are computed. A load is queued on the GPU as an engine queues it: the
-forward pass's kernels wait for it on the GPU, not on the CPU. Attention is torch's scaled dot
-product attention with the causal mask aligned to the last key and the KV heads shared, as a
-serving engine's flash attention runs it; transformers' own `sdpa` passes an explicit mask when a
-cache is longer than the query, which repeats K and V per head and leaves flash attention out.
+forward pass's kernels wait for it on the GPU, not on the CPU. On a GPU each row's forward pass is
+one CUDA graph, captured once per prompt length and replayed, as vLLM runs a batch of a few hundred
+tokens; transformers' eager forward spends about 40 ms of Python launching its kernels, more than
+the GPU takes to run them (`--forward eager` measures that instead). Attention over a prefix is
+paged flash attention, split across the prefix's keys (`PrefixAttention`): transformers' own
+cache would copy the whole prefix twice a pass.
 Per row: TTFT, its speed-up over recompute, and the load's time (on the GPU's timeline, from the
 request to the loaded prefix) against its bytes over the DMA ceiling measured in the same run.
 Every loaded prefix must equal the recompute's KV byte for byte, and its first token's logits
 must equal, bit for bit, those of the same forward pass over the recompute's own KV, or the
-command exits 1. Without a GPU it runs on the CPU and numbakv's data path on Numba's CUDA
+command exits 1; the pass must be seen to read the paged cache, or it stops. Without a GPU it runs on the CPU and numbakv's data path on Numba's CUDA
 simulator (times meaningless, the checks real).
 """
 
@@ -69,7 +71,11 @@ MODELS = {
 }
 PATHS = ("recompute", "numbakv", "disk", "torch")
 BLOCK_TOKENS = 16  # vLLM's default block size
-ATTENTION = "lower_right_causal"
+ATTENTION = "paged_prefix"
+SPLIT_TOKENS = 2048
+"""Prefix keys per split of a new-token pass's attention, so a long prefix gives every SM work:
+on an H200 at 16k tokens the pass took 15.8 ms at 2,048, 17.6 at 1,024, 22.1 at 512 and 19.5
+unsplit (CUDA graphs, 2026-11-28)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -86,6 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--new-tokens", type=int, default=128, help="new tokens at each prompt's end (%(default)s)"
     )
     parser.add_argument("--repeats", type=int, help="runs per row (default: 3 on a GPU, 1 else)")
+    parser.add_argument(
+        "--forward",
+        choices=("graph", "eager"),
+        help="each forward pass one replayed CUDA graph, or transformers' eager launches "
+        "(default: graph on a GPU; the CPU has only eager)",
+    )
     parser.add_argument("--disk-dir", type=Path, help="the disk tier's directory (default: a temp)")
     parser.add_argument("--out", type=Path, default=Path("results/ttft.json"))
     args = parser.parse_args(argv)
@@ -225,19 +237,17 @@ class PagedPrefix:
             for layer, loaded in zip(self.layers, staging):
                 layer.index_copy_(1, index, loaded)
 
-    def cache(self, blocks: int):
-        """A transformers DynamicCache of the prefix, read from the paged cache."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+    def prefix(self, blocks: int) -> list:
+        """Each layer's first `blocks` blocks as (K, V), [1, KV heads, tokens, head]: views of
+        the paged cache, no copies, as paged attention reads them."""
         tokens = blocks * BLOCK_TOKENS
-        for number, layer in enumerate(self.layers):
-            k, v = (
-                layer[i, :blocks].reshape(tokens, self.heads, self.head).transpose(0, 1)[None]
+        return [
+            tuple(
+                layer[i, :blocks].view(1, tokens, self.heads, self.head).transpose(1, 2)
                 for i in (0, 1)
             )
-            cache.update(k, v, number)
-        return cache
+            for layer in self.layers
+        ]
 
     def matches(self, cache, blocks: int) -> bool:
         """Whether the paged cache holds the recompute's prefix KV, byte for byte."""
@@ -304,32 +314,109 @@ def dma_ceiling_gbps(torch, device: str, nbytes: int, repeats: int = 5) -> float
     return nbytes / (statistics.median(times[1:]) / 1e3) / 1e9
 
 
-def lower_right_causal_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
-):
-    """transformers' attention interface: each query attends to every key up to its own
-    position, counted from the last key (so new tokens see the whole cached prefix), the KV heads
-    shared across their query heads without copies. On a GPU this is flash attention."""
-    import torch
-    from torch.nn.attention.bias import causal_lower_right
-    from torch.nn.functional import scaled_dot_product_attention
+def replayable(torch, forward, graph: bool):
+    """`forward` (a callable returning a tensor) as a callable to run it again: on a GPU with
+    `graph`, one CUDA graph of its kernels replayed on the current stream, so what it waits for
+    on that stream it still waits for; its output is the graph's own tensor, overwritten by the
+    next replay. Without `graph`, `forward` itself."""
+    if not graph:
+        return forward
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()  # lazy initialisation (cuBLAS handles, workspaces) stays out of the graph
+    torch.cuda.current_stream().wait_stream(side)
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured, capture_error_mode="thread_local"):
+        output = forward()
 
-    queries, keys = query.shape[2], key.shape[2]
-    if query.is_cuda:
-        mask = causal_lower_right(queries, keys)
-    else:  # the CPU has no kernel for the bias: the same mask, spelled out
-        mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
-    output = scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
-    )
-    return output.transpose(1, 2).contiguous(), None
+    def replay():
+        captured.replay()
+        return output
+
+    return replay
+
+
+class PrefixAttention:
+    """transformers' attention interface for a pass over new tokens whose prefix sits in the
+    paged cache, as a serving engine's paged flash attention runs it: queries attend to the
+    prefix's keys where they lie (no copies into a contiguous cache), split across the keys so
+    every SM has work, then causally to the new tokens' own keys; the splits are merged by their
+    log-sum-exp. KV heads are shared by their query heads without copies. Without a prefix (the
+    whole prompt) it is plain causal attention. On the CPU the same splits run in fp32."""
+
+    def __init__(self) -> None:
+        self.prefix: list | None = None  # per layer (K, V), set around a new-token pass
+
+    def __call__(
+        self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+    ):
+        import torch
+
+        if self.prefix is None:
+            output = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+            )
+        else:
+            output = self._over_prefix(query, key, value, *self.prefix[module.layer_idx], scaling)
+        return output.transpose(1, 2).contiguous(), None
+
+    @staticmethod
+    def _over_prefix(query, key, value, prefix_k, prefix_v, scale):
+        """Attention of `query` over the prefix's keys and then its own ([1, heads, tokens,
+        head]): whole splits of the prefix as a batch, the rest with the new keys."""
+        import torch
+
+        splits = prefix_k.shape[2] // SPLIT_TOKENS
+        whole = splits * SPLIT_TOKENS
+        tail_k = torch.cat([prefix_k[:, :, whole:], key], dim=2)
+        tail_v = torch.cat([prefix_v[:, :, whole:], value], dim=2)
+        out, lse = _attend(query, tail_k, tail_v, scale, causal=True)
+        outputs, lses = [out], [lse]
+        if splits:
+
+            def batched(x):  # [1, heads, whole, head] -> [splits, heads, SPLIT_TOKENS, head]
+                return x[0, :, :whole].unflatten(1, (splits, SPLIT_TOKENS)).transpose(0, 1)
+
+            queries = query.expand(splits, -1, -1, -1).contiguous()
+            out, lse = _attend(queries, batched(prefix_k), batched(prefix_v), scale, causal=False)
+            outputs.append(out)
+            lses.append(lse)
+        weights = torch.softmax(torch.cat(lses).float(), dim=0).unsqueeze(-1)
+        merged = (weights * torch.cat(outputs).float()).sum(0, keepdim=True)
+        return merged.to(query.dtype)
+
+
+def _attend(query, key, value, scale, causal: bool):
+    """(output, log-sum-exp per query) of attention over `key`/`value` ([batch, heads, tokens,
+    head], fewer KV heads than query heads), causal aligned to the last key: flash attention on
+    a GPU, the same sums in fp32 on the CPU."""
+    import torch
+
+    if query.is_cuda:  # flash attention shares KV heads natively; causal is aligned lower right
+        output, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, 0.0, is_causal=causal, scale=scale
+        )[:2]
+        return output, lse
+    group = query.shape[1] // key.shape[1]
+    key, value = (x.repeat_interleave(group, dim=1).float() for x in (key, value))
+    scores = query.float() @ key.transpose(-1, -2) * (scale or query.shape[-1] ** -0.5)
+    if causal:
+        queries, keys = scores.shape[-2:]
+        visible = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = scores.logsumexp(-1)
+    return (torch.softmax(scores, -1) @ value).to(query.dtype), lse
+
+
+ATTEND = PrefixAttention()
 
 
 def build_model(torch, name: str, device: str):
     """LlamaForCausalLM from `name`'s shapes, random weights, bf16 on a GPU (fp32 on the CPU)."""
     from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
-    AttentionInterface.register(ATTENTION, lower_right_causal_attention)
+    AttentionInterface.register(ATTENTION, ATTEND)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     config = LlamaConfig(**MODELS[name], attn_implementation=ATTENTION)
     previous = torch.get_default_dtype()
@@ -343,7 +430,9 @@ def build_model(torch, name: str, device: str):
     return model.eval()
 
 
-def measure(torch, model, paged: PagedPrefix, clock: Clock, prompt: int, new: int, repeats: int):
+def measure(
+    torch, model, paged: PagedPrefix, clock: Clock, prompt: int, new: int, repeats: int, graph: bool
+):
     """The rows of one prompt length."""
     blocks = (prompt - new) // BLOCK_TOKENS
     generator = torch.Generator(device="cpu").manual_seed(prompt)
@@ -351,36 +440,53 @@ def measure(torch, model, paged: PagedPrefix, clock: Clock, prompt: int, new: in
     ids = ids.to(paged.device)
     new_ids = ids[:, prompt - new :]
 
+    def whole_prompt():
+        return model(input_ids=ids, use_cache=True, logits_to_keep=1).logits[0, -1]
+
+    positions = torch.arange(prompt - new, prompt, device=paged.device)[None]
+    prefix = paged.prefix(blocks)
+
+    def new_tokens():  # attention reads the prefix in the paged cache, graphed or not
+        ATTEND.prefix = prefix
+        try:
+            output = model(input_ids=new_ids, position_ids=positions, use_cache=False,
+                           logits_to_keep=1)  # fmt: skip
+        finally:
+            ATTEND.prefix = None
+        return output.logits[0, -1]
+
     def recompute():
         started = clock.start()
-        output = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        logits = output.logits[0, -1].float()
-        return clock.ms(started, clock.mark()), None, logits, output
-
-    def first_token(cache):
-        return model(input_ids=new_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1]
+        logits = recompute_pass().float()
+        return clock.ms(started, clock.mark()), None, logits
 
     def from_prefix(path: str):
         paged.forget(blocks, host_too=path == "disk")
         started = clock.start()
         paged.load(path, blocks)
         loaded = clock.mark()
-        logits = first_token(paged.cache(blocks)).float()
+        logits = cached_pass().float()
         ended = clock.mark()
         times = clock.ms(started, ended), clock.ms(started, loaded)
         paged.settle()
-        return *times, logits, None
+        return *times, logits
 
     with torch.inference_mode():
-        _, _, reference, first = recompute()
+        first = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        reference = first.logits[0, -1].float()
         paged.save(first.past_key_values, blocks)
+        recompute_pass = replayable(torch, whole_prompt, graph)
+        cached_pass = replayable(torch, new_tokens, graph)
         # what every load must give: the same pass over the recompute's own KV, in place
-        cached_reference = first_token(paged.cache(blocks)).float()
+        cached_reference = cached_pass().float()
+        paged.forget(blocks, host_too=False)
+        if torch.equal(cached_pass().float(), cached_reference):
+            raise RuntimeError("the forward pass does not read the paged cache: checks would lie")
         times: dict[str, list[tuple[float, float | None]]] = {path: [] for path in PATHS}
         checks = {}
         for repeat in range(repeats + 1):
             for path in PATHS:
-                total, load, logits, _ = recompute() if path == "recompute" else from_prefix(path)
+                total, load, logits = recompute() if path == "recompute" else from_prefix(path)
                 if repeat:
                     times[path].append((total, load))
                 if repeat == 0 and path != "recompute":
@@ -425,6 +531,7 @@ def run(args: argparse.Namespace) -> dict:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     repeats = args.repeats or (3 if device == "cuda" else 1)
+    graph = device == "cuda" and args.forward != "eager"
     clock = Clock(torch, device)
     model = build_model(torch, args.model, device)
     max_blocks = (max(args.prompt_tokens) - args.new_tokens) // BLOCK_TOKENS
@@ -434,7 +541,7 @@ def run(args: argparse.Namespace) -> dict:
         rows = []
         try:
             for prompt in args.prompt_tokens:
-                rows += measure(torch, model, paged, clock, prompt, args.new_tokens, repeats)
+                rows += measure(torch, model, paged, clock, prompt, args.new_tokens, repeats, graph)
         finally:
             paged.close()
     for row in rows:
@@ -454,6 +561,7 @@ def run(args: argparse.Namespace) -> dict:
         "kv_bytes_per_token": paged.layout.block_bytes // BLOCK_TOKENS,
         "layers": config.num_hidden_layers,
         "repeats": repeats,
+        "forward": "cuda graph" if graph else "eager",
         "torch": torch.__version__,
         "dma_ceiling_gbps": {"h2d": ceiling},
         "rows": rows,
@@ -464,7 +572,8 @@ def print_table(report: dict) -> None:
     ceiling = report["dma_ceiling_gbps"]["h2d"]
     print(
         f"{report['model']} ({report['layers']} layers, {report['dtype']}, "
-        f"{report['kv_bytes_per_token']:,} bytes of KV a token) on {report['device']}; "
+        f"{report['kv_bytes_per_token']:,} bytes of KV a token) on {report['device']}, "
+        f"{report['forward']} forward passes; "
         f"DMA ceiling host -> GPU: {'-' if ceiling is None else f'{ceiling:.1f} GB/s'}; "
         f"median of {report['repeats']}"
     )
@@ -488,10 +597,13 @@ def print_table(report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        import torch  # noqa: F401
+        import torch
         import transformers  # noqa: F401
     except ImportError as error:
         sys.stderr.write(f"ttft.py: error: needs torch and transformers ({error})\n")
+        return 2
+    if args.forward == "graph" and not torch.cuda.is_available():
+        sys.stderr.write("ttft.py: error: argument --forward: graph needs a GPU; this has none\n")
         return 2
     report = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)

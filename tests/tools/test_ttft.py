@@ -84,3 +84,41 @@ def test_the_report_is_a_profile_the_replay_reads(report, tmp_path):
     path.write_text(json.dumps(report))
     profile = TTFTProfile.read(path)
     assert profile.prefill[0][0] == 256 and set(profile.loads) == {"host", "disk"}
+
+
+def test_graph_forward_passes_without_a_gpu_are_one_line_and_exit_2(ttft, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ttft.main([*TINY, "--forward", "graph", "--out", "unused.json"]) == 2
+    assert capsys.readouterr().err == (
+        "ttft.py: error: argument --forward: graph needs a GPU; this has none\n"
+    )
+
+
+def test_the_report_says_how_its_forward_passes_ran(report):
+    assert report["forward"] == ("cuda graph" if report["device"] != "cpu" else "eager")
+
+
+@pytest.mark.parametrize("prefix_tokens", [40, 64 * 3 + 17])
+def test_attention_over_a_split_prefix_equals_one_causal_pass_over_all_keys(
+    ttft, monkeypatch, prefix_tokens
+):
+    """The prefix read in splits (none, or three and a rest) and merged by log-sum-exp: the same
+    as attention over the prefix and the new keys at once, the mask aligned to the last key."""
+    import torch
+
+    monkeypatch.setattr(ttft, "SPLIT_TOKENS", 64)
+    generator = torch.Generator().manual_seed(prefix_tokens)
+    new, keys = 32, prefix_tokens + 32
+    query = torch.randn(1, 8, new, 16, generator=generator)
+    key, value = (torch.randn(1, 2, keys, 16, generator=generator) for _ in range(2))
+    merged = ttft.PrefixAttention._over_prefix(
+        query, key[:, :, prefix_tokens:], value[:, :, prefix_tokens:],
+        key[:, :, :prefix_tokens], value[:, :, :prefix_tokens], None,
+    )  # fmt: skip
+    visible = torch.ones(new, keys, dtype=torch.bool).tril(prefix_tokens)
+    whole = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=visible, enable_gqa=True
+    )
+    torch.testing.assert_close(merged, whole, rtol=1e-5, atol=1e-5)
