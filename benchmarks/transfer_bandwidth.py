@@ -440,6 +440,7 @@ def run(config: dict, out: Path) -> dict:
         }
         row["concurrent_gbps"] = bench.concurrent(config["repeats"])
         row["staged_concurrent_gbps"] = bench.concurrent(config["repeats"], path=STAGED)
+        row["default_concurrent_gbps"] = bench.concurrent(config["repeats"], path=None)
         row["naive_gbps"] = bench.naive(config["naive_copies"])
         row["torch_gbps"] = bench.torch_way(config["repeats"])
         row["submit_us_median"] = bench.submit_seconds(config["submits"], bench.blocks) * 1e6
@@ -530,7 +531,7 @@ def print_table(report: dict) -> None:
         ["chunk KiB", "dir"]
         + [f"tb={k}" for k in keys]
         + ["% ceil", "% ceil@16", "staged", "% ceil", "memcpy", "torch", "both", "x one dir"]
-        + ["staged both", "x one dir", "submit us", "submit16 us"]
+        + ["staged both", "x one dir", "default both", "submit us", "submit16 us"]
     )
     print("zero-copy kernels by thread-block cap, the staged path (16 blocks), GB/s:")
     print(" | ".join(f"{h:>10}" for h in header))
@@ -555,6 +556,7 @@ def print_table(report: dict) -> None:
                 f"{row['concurrent_gbps'] / best_one:.2f}",
                 f"{row['staged_concurrent_gbps']:.1f}",
                 f"{row['staged_concurrent_gbps'] / max(staged.values()):.2f}",
+                f"{row['default_concurrent_gbps']:.1f}",
                 f"{row['submit_us_median']:.1f}",
                 f"{row['submit_us_median_16_blocks']:.1f}",
             ]

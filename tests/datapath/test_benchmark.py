@@ -20,7 +20,13 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     (row,) = report["rows"]
     assert row["chunk_bytes"] == 512 and row["job_bytes"] == row["blocks_per_job"] * 2 * 512
     assert set(row["gather_gbps"]) == set(row["scatter_gbps"]) == {"1", "all"}
-    for key in ("concurrent_gbps", "naive_gbps", "torch_gbps", "submit_us_median_16_blocks"):
+    for key in (
+        "concurrent_gbps",
+        "default_concurrent_gbps",
+        "naive_gbps",
+        "torch_gbps",
+        "submit_us_median_16_blocks",
+    ):
         assert key in row
     assert set(row["staged_gbps"]) == {"store", "load"} and "staged_concurrent_gbps" in row
     shapes = [
@@ -33,7 +39,7 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     )
     step = report["per_step"]
     assert step["job_bytes"] == 2 * 2 * 512  # 2 blocks x 2 layers x 512 bytes
-    assert report["default_paths"] == {"store": "staged", "load": "zero_copy"}
+    assert report["default_paths"] == {"store": "staged", "load": "staged"}
     assert set(step["paths"]) == {"zero_copy", "staged"}
     for figures in step["paths"].values():
         assert figures["submit_us_without_launch"] > 0
