@@ -159,8 +159,7 @@ class PagedPrefix:
     def __init__(self, torch, model, device: str, max_blocks: int, disk_dir: Path) -> None:
         from numbakv.datapath import SIMULATOR_LAUNCH, HostPool, KVLayout, TransferEngine
         from numbakv.datapath._device import ON_SIMULATOR
-        from numbakv.tiers import ChunkTier, Namespace
-        from numbakv.tiers.disk import DiskBackend
+        from numbakv.tiers import Namespace, open_tier
 
         config = model.config
         self.torch, self.device, self.max_blocks = torch, device, max_blocks
@@ -184,10 +183,10 @@ class PagedPrefix:
             "ttft-benchmark", "", str(self.dtype), BLOCK_TOKENS, 1, len(self.layers),
             self.heads, self.head, self.layout.chunk_bytes, "numbakv-host-block",
         )  # fmt: skip
-        backend = DiskBackend(
-            disk_dir, namespace, self.layout.block_bytes, 2 * self.pool.nbytes + 2**30
-        )
-        self.tier = ChunkTier(backend, self.pool.blocks, namespace, io_threads=8)
+        self.tier = open_tier(
+            f"dir:{disk_dir}", self.pool, namespace, bytes_to_use=2 * self.pool.nbytes + 2**30,
+            io_threads=8,
+        )  # fmt: skip
         self.keys: list[bytes] = []
         # torch's way keeps a prefix contiguous: the first blocks' worth of one flat buffer each
         elements = len(self.layers) * 2 * max_blocks * BLOCK_TOKENS * self.heads * self.head

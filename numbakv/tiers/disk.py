@@ -84,26 +84,18 @@ class DiskSettings:
 
 
 class DiskBackend(ChunkBackend):
-    """Chunk files under `root_dir`/<namespace digest>/, at most `bytes_to_use` of them.
-
-    The settings are `DiskSettings`'; `chunk_bytes` is one chunk's payload (a host-pool row). Files
-    already there are served after a restart. Several processes may share a directory: each one
-    bounds the files it wrote or found, and serves the others'.
+    """Chunk files under `settings.root_dir`/<namespace digest>/, at most `settings.bytes_to_use`
+    of them; `chunk_bytes` is one chunk's payload (a host-pool row). Files already there are
+    served after a restart. Several processes may share a directory: each one bounds the files it
+    wrote or found, and serves the others'.
     """
 
-    def __init__(
-        self,
-        root_dir: str | os.PathLike,
-        namespace: Namespace,
-        chunk_bytes: int,
-        bytes_to_use: int,
-        cache_policy: str = "lru",
-        track_removals: bool = False,
-        stripes: int = 8,
-    ) -> None:
+    def __init__(self, settings: DiskSettings, namespace: Namespace, chunk_bytes: int) -> None:
+        if not isinstance(settings, DiskSettings):
+            raise TypeError(f"settings must be DiskSettings, got {type(settings).__name__}")
         if not isinstance(namespace, Namespace):
             raise TypeError(f"namespace must be a Namespace, got {type(namespace).__name__}")
-        self.settings = DiskSettings(root_dir, bytes_to_use, cache_policy, track_removals, stripes)
+        self.settings = settings
         self.chunk_bytes = chunk_bytes = positive("chunk_bytes", chunk_bytes, integer=True)
         self.file_bytes = ALIGNMENT + _aligned(chunk_bytes)
         if self.settings.bytes_to_use < self.file_bytes:
@@ -114,10 +106,10 @@ class DiskBackend(ChunkBackend):
         self._index = CPUOffloadingManager(
             block_size=1,
             num_blocks=self.settings.bytes_to_use // self.file_bytes,
-            cache_policy=cache_policy,
-            enable_events=track_removals,
+            cache_policy=settings.cache_policy,
+            enable_events=settings.track_removals,
         )
-        self.directory = os.path.join(os.fspath(root_dir), namespace.digest.hex())
+        self.directory = os.path.join(os.fspath(settings.root_dir), namespace.digest.hex())
         for fan in range(256):
             os.makedirs(os.path.join(self.directory, f"{fan:02x}"), exist_ok=True)
         self._namespace = namespace.digest
@@ -132,7 +124,9 @@ class DiskBackend(ChunkBackend):
             logger.warning("numbakv disk tier: %s refuses O_DIRECT; buffered I/O", self.directory)
         self._rebuild()
         self._stripes = (
-            ThreadPoolExecutor(stripes, thread_name_prefix="numbakv-disk") if stripes > 1 else None
+            ThreadPoolExecutor(settings.stripes, thread_name_prefix="numbakv-disk")
+            if settings.stripes > 1
+            else None
         )
 
     @property

@@ -172,15 +172,7 @@ def _open_backend(
     if kind is REDIS:
         return module.RedisBackend(settings, namespace.digest)
     try:
-        return module.DiskBackend(
-            settings.root_dir,
-            namespace,
-            chunk_bytes,
-            settings.bytes_to_use,
-            settings.cache_policy,
-            settings.track_removals,
-            settings.stripes,
-        )
+        return module.DiskBackend(settings, namespace, chunk_bytes)
     except OSError as error:  # the directory cannot be made or written
         raise TierOpenError(f"dir:{settings.root_dir}: {error}") from None
 

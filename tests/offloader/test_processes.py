@@ -25,14 +25,14 @@ def engine_process(
     from numbakv import CPUOffloadingManager, KVOffloader
     from numbakv.datapath import HostPool, TransferEngine
     from numbakv.tiers import ChunkTier
-    from numbakv.tiers.disk import DiskBackend
+    from numbakv.tiers.disk import DiskBackend, DiskSettings
     from tests.support.datapath_cases import make_cache
     from tests.support.tiers import namespace
 
     cache = make_cache("flash_attn", np.random.default_rng(seed), num_blocks=GPU_BLOCKS)
     pool = HostPool.for_layout(cache.layout, HOST_BLOCKS)
     engine = TransferEngine(cache.layout, pool, threads_per_block=32, max_thread_blocks=2)
-    backend = DiskBackend(directory, namespace(), pool.block_bytes, 2**24)
+    backend = DiskBackend(DiskSettings(directory, 2**24), namespace(), pool.block_bytes)
     tier = ChunkTier(backend, pool.blocks, namespace(), lookup_deadline_s=1.0)
     offloader = KVOffloader(
         CPUOffloadingManager(block_size=2, num_blocks=HOST_BLOCKS),

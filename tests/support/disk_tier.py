@@ -8,7 +8,7 @@ import mmap
 import numpy as np
 
 from numbakv.tiers import ChunkTier, Namespace
-from numbakv.tiers.disk import ALIGNMENT, DiskBackend
+from numbakv.tiers.disk import ALIGNMENT, DiskBackend, DiskSettings
 from tests.support.tiers import namespace
 
 CHUNK_BYTES = 8192
@@ -33,5 +33,7 @@ def aligned_pool(rows: int, seed: int, chunk_bytes: int = CHUNK_BYTES) -> np.nda
 
 def disk_tier(root, pool, files: int = 64, ns: Namespace | None = None, **options) -> ChunkTier:
     ns = namespace() if ns is None else ns
-    backend = DiskBackend(root, ns, pool.shape[1], bytes_for(files, pool.shape[1]), **options)
+    backend = DiskBackend(
+        DiskSettings(root, bytes_for(files, pool.shape[1]), **options), ns, pool.shape[1]
+    )
     return ChunkTier(backend, pool, ns)

@@ -21,7 +21,7 @@ from numbakv import POLICIES
 from numbakv.manager import CPUOffloadingManager
 from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
-from numbakv.tiers.disk import ALIGNMENT, DiskBackend
+from numbakv.tiers.disk import ALIGNMENT, DiskBackend, DiskSettings
 from numbakv.tools.workloads.core import multi_turn_chat
 from tests.support.disk_tier import (
     CHUNK_BYTES,
@@ -121,7 +121,7 @@ def test_bound_and_eviction_give_the_managers_hits(tmp_path, policy):
     manager with that policy and capacity does, and never holds more files."""
     chains = [request.hash_ids for request in multi_turn_chat(sessions=40, seed=1)]
     capacity = 120
-    backend = DiskBackend(tmp_path, namespace(), 64, bytes_for(capacity, 64), policy)
+    backend = DiskBackend(DiskSettings(tmp_path, bytes_for(capacity, 64), policy), namespace(), 64)
     header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
     hits = 0
     for chain in chains:
@@ -143,7 +143,7 @@ def test_bound_and_eviction_give_the_managers_hits(tmp_path, policy):
 
 
 def test_a_file_being_read_is_never_evicted(tmp_path):
-    backend = DiskBackend(tmp_path, namespace(), 64, bytes_for(2, 64))
+    backend = DiskBackend(DiskSettings(tmp_path, bytes_for(2, 64)), namespace(), 64)
     header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
     payloads = [memoryview(bytes(64))] * 2
     assert backend.write(KEYS[:2], [header] * 2, payloads) == [True, True]
@@ -203,7 +203,7 @@ WRITER_KILLED_BEFORE_RENAME = """
 import os, sys, time
 import numpy as np
 from numbakv.tiers import ChunkTier
-from numbakv.tiers.disk import DiskBackend
+from numbakv.tiers.disk import DiskBackend, DiskSettings
 from tests.support.disk_tier import CHUNK_BYTES, FILE_BYTES, random_pool
 from tests.support.tiers import namespace
 
@@ -213,7 +213,7 @@ def stuck(source, target):  # the writer dies here: the chunk is written, not re
 
 os.replace = stuck
 pool = random_pool(1, 3)
-tier = ChunkTier(DiskBackend(sys.argv[1], namespace(), CHUNK_BYTES, 8 * FILE_BYTES), pool, namespace())
+tier = ChunkTier(DiskBackend(DiskSettings(sys.argv[1], 8 * FILE_BYTES), namespace(), CHUNK_BYTES), pool, namespace())
 tier.submit_store("s", [b"half"], [0])
 tier.drain()
 """
@@ -237,14 +237,14 @@ def test_a_writer_killed_before_its_rename_leaves_nothing_visible(tmp_path):
 
 
 def test_a_live_writers_temporary_file_is_left_alone(tmp_path):
-    backend = DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * FILE_BYTES)
+    backend = DiskBackend(DiskSettings(tmp_path, 8 * FILE_BYTES), namespace(), CHUNK_BYTES)
     temp = f"{backend.directory}/ab/.ab.{os.getppid()}.0.tmp"
     open(temp, "wb").close()
-    DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * FILE_BYTES)
+    DiskBackend(DiskSettings(tmp_path, 8 * FILE_BYTES), namespace(), CHUNK_BYTES)
     assert os.path.exists(temp)
     old = time.time() - disk_module.STALE_TEMP_S - 1
     os.utime(temp, (old, old))
-    DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * FILE_BYTES)
+    DiskBackend(DiskSettings(tmp_path, 8 * FILE_BYTES), namespace(), CHUNK_BYTES)
     assert not os.path.exists(temp)
 
 
@@ -359,20 +359,22 @@ def test_two_backends_sharing_a_directory_serve_each_other(tmp_path):
     ],
 )
 def test_bad_settings_are_refused_before_the_directory_is_made(tmp_path, arguments, error, named):
-    settings = {
-        "root_dir": tmp_path / "kv",
-        "namespace": namespace(),
-        "chunk_bytes": CHUNK_BYTES,
-        "bytes_to_use": FILE_BYTES,
-        **arguments,
-    }
+    backend = {"namespace": namespace(), "chunk_bytes": CHUNK_BYTES}
+    settings = {"root_dir": tmp_path / "kv", "bytes_to_use": FILE_BYTES}
+    for key, value in arguments.items():
+        (backend if key in backend else settings)[key] = value
     with pytest.raises(error, match=named):
-        DiskBackend(**settings)
+        DiskBackend(DiskSettings(**settings), **backend)
     assert not (tmp_path / "kv").exists()
 
 
+def test_a_backend_takes_its_settings_as_one_object(tmp_path):
+    with pytest.raises(TypeError, match="settings must be DiskSettings, got dict"):
+        DiskBackend({"root_dir": tmp_path, "bytes_to_use": FILE_BYTES}, namespace(), CHUNK_BYTES)
+
+
 def test_bad_writes_are_refused_before_a_file_is_written(tmp_path):
-    backend = DiskBackend(tmp_path, namespace(), 64, 4 * FILE_BYTES)
+    backend = DiskBackend(DiskSettings(tmp_path, 4 * FILE_BYTES), namespace(), 64)
     header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
     with pytest.raises(ValueError, match="keys must be at most 100 bytes"):
         backend.write([b"k", b"x" * 101], [header] * 2, [memoryview(bytes(64))] * 2)
@@ -386,7 +388,9 @@ def test_a_store_racing_the_removal_of_its_keys_old_file_is_dropped_not_lost(tmp
     lock. A store of that key in between would be a file the removal takes with it (the index
     holding a chunk that is gone): it is refused instead, and the key can be stored once its old
     file has gone."""
-    backend = DiskBackend(tmp_path, namespace(), CHUNK_BYTES, bytes_for(2, CHUNK_BYTES))
+    backend = DiskBackend(
+        DiskSettings(tmp_path, bytes_for(2, CHUNK_BYTES)), namespace(), CHUNK_BYTES
+    )
     pool = aligned_pool(3, 11)
 
     def write(key: bytes, row: int) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import encode_header
-from numbakv.tiers.disk import ALIGNMENT, DiskBackend
+from numbakv.tiers.disk import ALIGNMENT, DiskBackend, DiskSettings
 from tests.support.tiers import namespace
 
 CHUNK_BYTES = 4096
@@ -43,7 +43,9 @@ def stuck(monkeypatch, name: str, real) -> tuple[threading.Event, threading.Even
     ],
 )
 def test_a_touch_never_waits_behind_file_io(tmp_path, monkeypatch, blocked, call):
-    backend = DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 8 * (ALIGNMENT + CHUNK_BYTES))
+    backend = DiskBackend(
+        DiskSettings(tmp_path, 8 * (ALIGNMENT + CHUNK_BYTES)), namespace(), CHUNK_BYTES
+    )
     payload = memoryview(bytes(CHUNK_BYTES))
     header = encode_header(namespace().digest, b"w" * 8, payload)
     assert backend.write(KEYS, [header] * 4, [payload] * 4) == [True] * 4

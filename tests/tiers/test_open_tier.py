@@ -11,7 +11,7 @@ import redis
 
 from numbakv.checks import SettingTypeError, positive
 from numbakv.tiers import ChunkTier, TierOpenError, open_tier, parse_tier_url, tier_config
-from numbakv.tiers.disk import DiskBackend
+from numbakv.tiers.disk import DiskBackend, DiskSettings
 from tests.support.redis_servers import RedisServer, needs_redis, redis_cluster, redis_server
 from tests.support.tiers import namespace
 
@@ -89,7 +89,7 @@ def test_every_setting_is_checked_by_name_before_anything_opens(tmp_path, url, s
 
 
 def test_a_backend_whose_chunk_size_is_not_the_rows_is_refused_at_construction(tmp_path):
-    backend = DiskBackend(tmp_path, namespace(), CHUNK_BYTES, 1 << 20)
+    backend = DiskBackend(DiskSettings(tmp_path, 1 << 20), namespace(), CHUNK_BYTES)
     with pytest.raises(ValueError, match=r"chunk_bytes \(8,192\) must equal the host pool's row"):
         ChunkTier(backend, pool(2, 3, CHUNK_BYTES // 2), namespace())
     with pytest.raises(ValueError, match="host_pool must be a numbakv HostPool"):
