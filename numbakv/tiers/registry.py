@@ -40,6 +40,10 @@ class BackendKind:
     def settings_type(self) -> type:
         return getattr(importlib.import_module(self.module), self.settings_class)
 
+    def setting_names(self) -> frozenset[str]:
+        """Every key a tier of this kind takes: the tier's own and its backend's."""
+        return frozenset({*field_names(TierSettings), *field_names(self.settings_type())})
+
 
 DISK = BackendKind(
     "disk tier",
@@ -92,7 +96,7 @@ def parse_tier_url(url: str) -> TierURL:
             continue
         if key == kind.location:
             raise ValueError(f"{key} is the url's location, not a setting of its query")
-        _check_known(kind, settings_type, key)
+        _check_known(kind, key)
         if key in settings:
             raise ValueError(f"{key} is given twice in the url")
         owner = TierSettings if key in field_names(TierSettings) else settings_type
@@ -125,7 +129,7 @@ def tier_config(url: str, **settings: Any) -> TierConfig:
     kind, given = parsed.kind, dict(parsed.settings)
     settings_type = kind.settings_type()
     for key, value in settings.items():
-        _check_known(kind, settings_type, key)
+        _check_known(kind, key)
         if key in given:
             where = "the url's location" if key == kind.location else "the url's query"
             raise ValueError(f"{key} is given both in {where} and as an argument")
@@ -177,7 +181,7 @@ def _open_backend(
         raise TierOpenError(f"dir:{settings.root_dir}: {error}") from None
 
 
-def _check_known(kind: BackendKind, settings_type: type, key: str) -> None:
-    known = {*field_names(TierSettings), *field_names(settings_type)}
+def _check_known(kind: BackendKind, key: str) -> None:
+    known = kind.setting_names()
     if key not in known:
         raise ValueError(f"unknown {kind.name} setting {key!r}; known: {', '.join(sorted(known))}")

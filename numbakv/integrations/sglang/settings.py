@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numbakv.checks import positive
-from numbakv.tiers import TierSettings, parse_tier_url, tier_config
-from numbakv.tiers.settings import field_names
+from numbakv.tiers import parse_tier_url, tier_config
 
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
 """The keys SGLang reads itself (`interface_v1`: 1 for the zero-copy `batch_get_v1`/`batch_set_v1`)."""
@@ -50,8 +49,7 @@ def backend_settings(extra_config: Mapping[str, Any] | None) -> BackendSettings:
             f'"redis://host:6379/0", got {tier!r}'
         )
     kind = parse_tier_url(tier).kind
-    known = {*SGLANG_KEYS, *OWN_KEYS, *field_names(TierSettings)}
-    known |= set(field_names(kind.settings_type())) - {kind.location}
+    known = {*SGLANG_KEYS, *OWN_KEYS, *(kind.setting_names() - {kind.location})}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(
