@@ -6,7 +6,7 @@ the targets checked against the same run's DMA ceiling.
 
 Steps, each a child process group with its own time limit (together under 9 minutes):
 1. bandwidth: benchmarks/transfer_bandwidth.py (both paths, per-step jobs, submit, driver calls);
-2. overlap: benchmarks/overlap.py (the compute beside a store, by path and launch shape);
+2. overlap: benchmarks/overlap.py (the compute beside a store or a load, by path and launch shape);
 3. ttft: benchmarks/ttft.py (time to first token on Llama-3.1-8B's shapes, every row's load
    checked against the recompute's KV);
 4. gpu_tests: the tests marked `gpu`, alone on the GPU (their timing asserts need it to
@@ -487,7 +487,7 @@ def recommended_paths(bandwidth: dict, overlap: dict | None = None) -> dict:
     slowdowns = {
         shape["path"]: shape["compute_slowdown"]
         for shape in (overlap or {}).get("overlap_by_shape", [])
-        if shape.get("engine_launch")
+        if shape.get("engine_launch") and shape.get("direction", "store") == "store"
     }
     paths = {}
     for direction, link in LINKS.items():
@@ -578,10 +578,11 @@ def print_table(report: dict) -> None:
     if bandwidth:
         _print_bandwidth(bandwidth)
     for shape in (report.get("overlap") or {}).get("overlap_by_shape", []):
+        what = shape.get("direction", "store")
         print(
-            f"  compute beside a {shape['path']} store of {shape['threads_per_block']:>4} threads "
+            f"  compute beside a {shape['path']} {what} of {shape['threads_per_block']:>4} threads "
             f"x {shape['thread_blocks'] or 'all'} blocks: {100 * shape['compute_slowdown']:+.1f}%, "
-            f"{shape['hidden_share']:.0%} of the store hidden"
+            f"{shape['hidden_share']:.0%} of the {what} hidden"
         )
     for row in (report.get("ttft") or {}).get("rows", []):
         ratio = row.get("load_vs_ideal")

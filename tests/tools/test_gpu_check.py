@@ -263,7 +263,8 @@ def test_a_store_path_that_spares_the_compute_is_recommended_over_a_faster_one(c
             {"path": "staged", "engine_launch": True, "compute_slowdown": staged},
             {"path": "zero_copy", "engine_launch": True, "compute_slowdown": zero_copy},
             {"path": "zero_copy", "engine_launch": False, "compute_slowdown": 0.0},  # not its own
-        ]
+            {"direction": "load", "path": "staged", "engine_launch": True, "compute_slowdown": 0.9},
+        ]  # the load beside the compute has no say in a store's path
         return {"overlap_by_shape": shapes}
 
     store = check.recommended_paths(bandwidth, overlap(0.173, 0.002))["store"]
