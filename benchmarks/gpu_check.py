@@ -461,7 +461,7 @@ def _bandwidth_figures(bandwidth: dict) -> dict:
         for d in ("store", "load")
     )
     figures["store + load together, chunks >= 4 KiB"] = min(
-        row["default_concurrent_gbps"]
+        row["together_gbps"][f"{default['store']}/{default['load']}"]
         / max(_one_direction_gbps(row, d, default[d]) for d in ("store", "load"))
         for row in rows
     )
@@ -507,11 +507,10 @@ def recommended_paths(bandwidth: dict, overlap: dict | None = None) -> dict:
         if direction == "load":
             together = _beside_a_store(bandwidth, paths["store"]["recommended"], list(rates))
             rows = together.values()
-            every_pair = bool(rows) and all(len(row) == len(rates) for row in rows)
             ahead = [
                 path
                 for path in rates
-                if every_pair
+                if rows
                 and all(
                     row[path] > (1 + TOGETHER_MARGIN) * row[other]
                     for row in rows
@@ -537,22 +536,12 @@ def recommended_paths(bandwidth: dict, overlap: dict | None = None) -> dict:
 
 def _beside_a_store(bandwidth: dict, store: str, loads: list[str]) -> dict:
     """GB/s of a store on `store` and a load on each of `loads` in flight together, per chunk size
-    from 4 KiB, where the run measured that pair (both zero-copy, both staged, the defaults)."""
-    default = bandwidth["default_paths"]
-    together = {}
-    for row in bandwidth["rows"]:
-        if row["chunk_bytes"] < 4096:
-            continue
-        measured = {
-            ("zero_copy", "zero_copy"): row["concurrent_gbps"],
-            ("staged", "staged"): row["staged_concurrent_gbps"],
-        }
-        if "default_concurrent_gbps" in row:
-            measured[(default["store"], default["load"])] = row["default_concurrent_gbps"]
-        together[row["chunk_bytes"]] = {
-            load: measured[(store, load)] for load in loads if (store, load) in measured
-        }
-    return together
+    from 4 KiB."""
+    return {
+        row["chunk_bytes"]: {load: row["together_gbps"][f"{store}/{load}"] for load in loads}
+        for row in bandwidth["rows"]
+        if row["chunk_bytes"] >= 4096
+    }
 
 
 def _ttft_figures(ttft: dict) -> dict:
@@ -651,9 +640,8 @@ def _print_bandwidth(bandwidth: dict) -> None:
             f"{peers['staged_gbps']['store']:.1f}/{peers['staged_gbps']['load']:.1f}, torch "
             f"gather + one pinned copy {torch_way['d2h']:.1f}/{torch_way['h2d']:.1f}, "
             f"cudaMemcpyAsync per block and layer {peers['naive_gbps']['d2h']:.2f}/"
-            f"{peers['naive_gbps']['h2d']:.2f}; both at once: zero-copy "
-            f"{peers['concurrent_gbps']:.1f}, staged {peers['staged_concurrent_gbps']:.1f}, "
-            f"default paths {peers['default_concurrent_gbps']:.1f}"
+            f"{peers['naive_gbps']['h2d']:.2f}; both at once (store/load path): "
+            + ", ".join(f"{pair} {gbps:.1f}" for pair, gbps in peers["together_gbps"].items())
         )
     print(f"default paths: {bandwidth['default_paths']}; per-step jobs by path:")
     for path, step in bandwidth["per_step"]["paths"].items():

@@ -21,14 +21,15 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
     assert row["chunk_bytes"] == 512 and row["job_bytes"] == row["blocks_per_job"] * 2 * 512
     assert set(row["gather_gbps"]) == set(row["scatter_gbps"]) == {"1", "all"}
     for key in (
-        "concurrent_gbps",
-        "default_concurrent_gbps",
+        "together_gbps",
         "naive_gbps",
         "torch_gbps",
         "submit_us_median_16_blocks",
     ):
         assert key in row
-    assert set(row["staged_gbps"]) == {"store", "load"} and "staged_concurrent_gbps" in row
+    assert set(row["staged_gbps"]) == {"store", "load"}
+    pairs = {f"{store}/{load}" for store in bench.PATHS for load in bench.PATHS}
+    assert set(row["together_gbps"]) == pairs  # store path / load path
     shapes = [
         (shape["threads_per_block"], shape["thread_blocks"]) for shape in report["launch_shapes"]
     ]

@@ -139,9 +139,12 @@ def _bandwidth(gather_16: float = 53.0) -> dict:
         "gather_gbps": {"16": gather_16, "all": 53.0},
         "scatter_gbps": {"16": 50.0, "all": 52.0},
         "staged_gbps": {"store": 54.0, "load": 53.0},
-        "concurrent_gbps": 70.0,
-        "staged_concurrent_gbps": 97.2,
-        "default_concurrent_gbps": 97.2,
+        "together_gbps": {
+            "zero_copy/zero_copy": 70.0,
+            "zero_copy/staged": 60.0,
+            "staged/zero_copy": 95.0,  # within TOGETHER_MARGIN of staged: no say
+            "staged/staged": 97.2,
+        },
         "naive_gbps": {"d2h": 0.2, "h2d": 0.1},
         "torch_gbps": None,
     }
@@ -284,8 +287,14 @@ def test_both_ways_at_once_is_measured_on_the_default_paths_against_their_faster
     store alone (54) and a zero-copy load alone at its best cap (52)."""
     bandwidth = _bandwidth()
     bandwidth["default_paths"] = {"store": "staged", "load": "zero_copy"}
-    bandwidth["rows"][1]["default_concurrent_gbps"] = 90.0
-    bandwidth["rows"][0]["default_concurrent_gbps"] = 10.0  # 2 KiB: not counted
+    bandwidth["rows"][1]["together_gbps"] = {
+        **bandwidth["rows"][1]["together_gbps"],
+        "staged/zero_copy": 90.0,
+    }
+    bandwidth["rows"][0]["together_gbps"] = {
+        **bandwidth["rows"][0]["together_gbps"],
+        "staged/zero_copy": 10.0,
+    }  # 2 KiB: not counted
     targets = {row["target"]: row for row in check.check_targets({"bandwidth": bandwidth})}
     row = targets["store + load together, chunks >= 4 KiB"]
     assert (row["value"], row["ok"]) == (pytest.approx(90 / 54), False)
@@ -340,7 +349,7 @@ def test_a_load_path_that_moves_more_beside_the_store_is_recommended_over_a_fast
     bandwidth["default_paths"] = {"store": "staged", "load": "zero_copy"}
     bandwidth["per_step"]["paths"]["zero_copy"]["load_poll_gbps"] = 52.0  # staged: 49
     for row, mixed in zip(bandwidth["rows"], (40.0, 70.0)):
-        row["default_concurrent_gbps"] = mixed  # staged both ways: 97.2
+        row["together_gbps"] = {**row["together_gbps"], "staged/zero_copy": mixed}  # staged: 97.2
     load = check.recommended_paths(bandwidth)["load"]
     assert (load["faster"], load["recommended"], load["by"]) == (
         "zero_copy",
@@ -348,6 +357,6 @@ def test_a_load_path_that_moves_more_beside_the_store_is_recommended_over_a_fast
         "beside a store",
     )
     assert load["beside_a_store_gbps"] == {16384: {"zero_copy": 70.0, "staged": 97.2}}  # >= 4 KiB
-    bandwidth["rows"][1]["default_concurrent_gbps"] = 95.0  # 2 % behind staged: per step decides
+    bandwidth["rows"][1]["together_gbps"]["staged/zero_copy"] = 95.0  # 2 % behind: per step decides
     load = check.recommended_paths(bandwidth)["load"]
     assert (load["recommended"], load["by"]) == ("zero_copy", "per step")
