@@ -13,6 +13,9 @@ Rows, each a median of `--repeats` runs after a warm-up, interleaved:
 - numbakv: load the prefix's blocks from host memory through numbakv's data path into a paged KV
   cache in vLLM's layout (flash-attention, blocks of 16 tokens, every layer), then one forward
   pass over the new tokens whose attention reads the prefix in the paged cache;
+- layerwise: the same, the layers in `LAYER_GROUPS` groups, one engine and host pool each, loaded
+  one group after the other; each layer's attention waits on the GPU for its own group only, so
+  the forward pass runs while the later groups still cross the link;
 - disk: the same, the blocks first read from numbakv's disk tier into host memory;
 - torch: the same, loaded torch's way: one pinned copy to the GPU, then an index_copy per layer.
 Only the last token's logits are computed. A load is queued on the GPU as an engine queues it: the
@@ -69,9 +72,12 @@ MODELS = {
         "max_position_embeddings": 4096,
     },
 }
-PATHS = ("recompute", "numbakv", "disk", "torch")
+PATHS = ("recompute", "numbakv", "layerwise", "disk", "torch")
 BLOCK_TOKENS = 16  # vLLM's default block size
 ATTENTION = "paged_prefix"
+LAYER_GROUPS = 8
+"""Groups of layers the layerwise row loads one after the other: a group of Llama-3.1-8B's 32 is
+4 layers, 5 ms of a 16k prompt's load at the link, about what its 4 layers' forward pass takes."""
 SPLIT_TOKENS = 2048
 """Prefix keys per split of a new-token pass's attention, so a long prefix gives every SM work:
 on an H200 at 16k tokens the pass took 15.8 ms at 2,048, 17.6 at 1,024, 22.1 at 512 and 19.5
@@ -153,8 +159,9 @@ class Clock:
 
 class PagedPrefix:
     """A paged KV cache in vLLM's flash-attention layout (per layer [2, blocks, 16, KV heads,
-    head size]) with numbakv's engine, host pool and disk tier over it, and torch's pinned copy
-    of the same blocks: everything a row loads its prefix with."""
+    head size]) with numbakv's engine, host pool and disk tier over it, an engine and host pool
+    per group of layers, and torch's pinned copy of the same blocks: everything a row loads its
+    prefix with."""
 
     def __init__(self, torch, model, device: str, max_blocks: int, disk_dir: Path) -> None:
         from numbakv.datapath import SIMULATOR_LAUNCH, HostPool, KVLayout, TransferEngine
@@ -172,12 +179,30 @@ class PagedPrefix:
         ]
         # The data path sees the same memory as 16-bit words (no bf16 in the array interfaces).
         words = [layer.view(torch.int16) for layer in self.layers]
-        self.layout = KVLayout.from_arrays(
-            "flash_attn", words if device == "cuda" else [w.numpy() for w in words]
-        )
-        self.pool = HostPool.for_layout(self.layout, max_blocks)
+        words = words if device == "cuda" else [w.numpy() for w in words]
         options = dict(SIMULATOR_LAUNCH) if ON_SIMULATOR else {}
-        self.engine = TransferEngine(self.layout, self.pool, **options)
+
+        def engine(layers: list) -> TransferEngine:
+            layout = KVLayout.from_arrays("flash_attn", layers)
+            return TransferEngine(layout, HostPool.for_layout(layout, max_blocks), **options)
+
+        self.engine = engine(words)
+        self.layout, self.pool = self.engine.layout, self.engine.host_pool
+        size = -(-len(words) // LAYER_GROUPS)
+        self.group_engines = [engine(words[at : at + size]) for at in range(0, len(words), size)]
+        # On a GPU: an event per group, recorded once its load ends, that its layers' attention
+        # waits for; external, so a CUDA graph's replay waits for its latest record.
+        self.group_ready = self._side = None
+        if device == "cuda":
+            self._side = torch.cuda.Stream()
+            self.group_ready = [torch.cuda.Event(external=True) for _ in self.group_engines]
+            for event in self.group_ready:
+                event.record()  # created now: a graph captures a wait only on a created event
+        self.layer_ready = (
+            None
+            if self.group_ready is None
+            else [self.group_ready[i // size] for i in range(len(words))]
+        )
         self.host_ids = np.random.default_rng(0).permutation(max_blocks)  # scattered, as in use
         namespace = Namespace(
             "ttft-benchmark", "", str(self.dtype), BLOCK_TOKENS, 1, len(self.layers),
@@ -194,14 +219,16 @@ class PagedPrefix:
         self._staging = torch.empty(elements, dtype=self.dtype, device=device)
         self.gpu_index = torch.arange(max_blocks, device=device)
         self._jobs = iter(range(10**9))
-        self._in_flight: list[int] = []
+        self._in_flight: list[tuple[TransferEngine, int]] = []
 
     def save(self, cache, blocks: int) -> None:
         """Put the first `blocks` blocks of the recompute's KV cache where each row loads them
         from: host memory (stored through numbakv), the disk tier, torch's pinned copy."""
         for layer, kv in zip(self.layers, self._prefix_kv(cache, blocks)):
             layer[:, :blocks] = kv
-        self._move("store", blocks)
+        for engine in (self.engine, *self.group_engines):
+            self._submit(engine, "store", blocks, self._stream())
+        self.settle()
         self.keys = [uuid.uuid4().bytes for _ in range(blocks)]  # a tier keeps what it holds
         job = next(self._jobs)
         self.tier.submit_store(job, self.keys[:blocks], self.host_ids[:blocks])
@@ -218,17 +245,21 @@ class PagedPrefix:
         if host_too:
             self.pool.blocks[self.host_ids[:blocks]] = 0
 
-    def load(self, path: str, blocks: int) -> None:
+    def load(self, path: str, blocks: int):
         """Queue the prefix's blocks into the paged cache the way row `path` does: work queued
-        on the current stream after this waits for them (`settle` ends numbakv's job)."""
+        on the current stream after this waits for them (`settle` ends numbakv's jobs), except
+        the layerwise row's, which its attention waits for layer by layer. Returns a mark once
+        the whole prefix is in place where that is not the current stream's next one (or None)."""
         if path == "numbakv":
-            self._move("load", blocks, block=False)
+            self._load_after_compute(blocks)
+        elif path == "layerwise":
+            return self._load_by_layers(blocks)
         elif path == "disk":
             self.tier.submit_load(next(self._jobs), self.keys[:blocks], self.host_ids[:blocks])
             self.tier.drain()
             if not all(done.success for done in self.tier.take_finished()):
                 raise RuntimeError("the disk tier failed to load the prefix")
-            self._move("load", blocks, block=False)
+            self._load_after_compute(blocks)
         else:  # torch's way: one pinned copy, an index_copy per layer
             staging = self._torch_blocks(self._staging, blocks)
             staging.copy_(self._torch_blocks(self._pinned, blocks), non_blocking=True)
@@ -269,28 +300,54 @@ class PagedPrefix:
             yield pair.transpose(1, 2).reshape(2, blocks, BLOCK_TOKENS, self.heads, self.head)
 
     def settle(self) -> None:
-        """End numbakv's jobs (a load's job ends on the CPU once the forward pass is queued)."""
-        for job in self._in_flight:
-            self.engine.wait(job)
+        """End numbakv's jobs (a load's jobs end on the CPU once the forward pass is queued)."""
+        for engine, job in self._in_flight:
+            engine.wait(job)
+            engine.get_finished()
         self._in_flight.clear()
-        self.engine.get_finished()
 
-    def _move(self, direction: str, blocks: int, block: bool = True) -> None:
-        """One job over the prefix's blocks, after the current stream's queued work; with
-        `block`, finished on return, else the current stream waits for it on the GPU."""
+    def _stream(self):
+        return self.torch.cuda.current_stream() if self.device == "cuda" else None
+
+    def _submit(self, engine, direction: str, blocks: int, after):
+        """One job of `engine` over the prefix's blocks, once `after` (a stream's queued work, an
+        event, or None) is reached; its completion event (None once it has finished)."""
         job = next(self._jobs)
-        stream = self.torch.cuda.current_stream() if self.device == "cuda" else None
-        self.engine.submit(
-            job, direction, np.arange(blocks), self.host_ids[:blocks], wait_event=stream
-        )
-        self._in_flight.append(job)
-        done = self.engine.completion_event(job)
-        if block or stream is None or done is None:
+        engine.submit(job, direction, np.arange(blocks), self.host_ids[:blocks], wait_event=after)
+        self._in_flight.append((engine, job))
+        return engine.completion_event(job)
+
+    def _load_after_compute(self, blocks: int) -> None:
+        """One load of every layer: the current stream waits for it on the GPU."""
+        stream = self._stream()
+        done = self._submit(self.engine, "load", blocks, stream)
+        if stream is None or done is None:
             self.settle()
         else:
             from numba import cuda
 
             done.wait(cuda.external_stream(stream.cuda_stream))
+
+    def _load_by_layers(self, blocks: int):
+        """A load per group of layers, each after the one before; on a GPU, each group's event
+        recorded (on a side stream) once it ends, and a mark once the last has."""
+        if self.group_ready is None:  # the simulator: each job has ended when it returns
+            for engine in self.group_engines:
+                self._submit(engine, "load", blocks, None)
+            self.settle()
+            return None
+        from numba import cuda
+
+        side = cuda.external_stream(self._side.cuda_stream)
+        after = self._stream()
+        for engine, ready in zip(self.group_engines, self.group_ready):
+            after = self._submit(engine, "load", blocks, after)  # the link takes them in order
+            if after is not None:
+                after.wait(side)
+                ready.record(self._side)
+        loaded = self.torch.cuda.Event(enable_timing=True)
+        loaded.record(self._side)
+        return loaded
 
     def close(self) -> None:
         self.tier.close()
@@ -346,6 +403,7 @@ class PrefixAttention:
 
     def __init__(self) -> None:
         self.prefix: list | None = None  # per layer (K, V), set around a new-token pass
+        self.ready: list | None = None  # per layer, an event to wait for before reading it
 
     def __call__(
         self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
@@ -357,6 +415,8 @@ class PrefixAttention:
                 query, key, value, is_causal=True, scale=scaling, enable_gqa=True
             )
         else:
+            if self.ready is not None:
+                self.ready[module.layer_idx].wait()
             output = self._over_prefix(query, key, value, *self.prefix[module.layer_idx], scaling)
         return output.transpose(1, 2).contiguous(), None
 
@@ -445,13 +505,13 @@ def measure(
     positions = torch.arange(prompt - new, prompt, device=paged.device)[None]
     prefix = paged.prefix(blocks)
 
-    def new_tokens():  # attention reads the prefix in the paged cache, graphed or not
-        ATTEND.prefix = prefix
+    def new_tokens(ready=None):  # attention reads the prefix in the paged cache, graphed or not
+        ATTEND.prefix, ATTEND.ready = prefix, ready
         try:
             output = model(input_ids=new_ids, position_ids=positions, use_cache=False,
                            logits_to_keep=1)  # fmt: skip
         finally:
-            ATTEND.prefix = None
+            ATTEND.prefix = ATTEND.ready = None
         return output.logits[0, -1]
 
     def recompute():
@@ -462,9 +522,10 @@ def measure(
     def from_prefix(path: str):
         paged.forget(blocks, host_too=path == "disk")
         started = clock.start()
-        paged.load(path, blocks)
-        loaded = clock.mark()
-        logits = cached_pass().float()
+        loaded = paged.load(path, blocks)
+        if loaded is None:
+            loaded = clock.mark()
+        logits = (layerwise_pass if path == "layerwise" else cached_pass)().float()
         ended = clock.mark()
         times = clock.ms(started, ended), clock.ms(started, loaded)
         paged.settle()
@@ -476,6 +537,7 @@ def measure(
         paged.save(first.past_key_values, blocks)
         recompute_pass = replayable(torch, whole_prompt, graph)
         cached_pass = replayable(torch, new_tokens, graph)
+        layerwise_pass = replayable(torch, lambda: new_tokens(paged.layer_ready), graph)
         # what every load must give: the same pass over the recompute's own KV, in place
         cached_reference = cached_pass().float()
         paged.forget(blocks, host_too=False)

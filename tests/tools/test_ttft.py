@@ -31,7 +31,8 @@ def report(ttft, tmp_path_factory):
 
 
 def test_every_row_is_there_with_its_time(report):
-    assert [row["path"] for row in report["rows"]] == ["recompute", "numbakv", "disk", "torch"]
+    paths = ["recompute", "numbakv", "layerwise", "disk", "torch"]
+    assert [row["path"] for row in report["rows"]] == paths
     for row in report["rows"]:
         assert row["ttft_ms"] > 0 and row["prompt_tokens"] == 256
         assert row["prefix_tokens"] + row["new_tokens"] == 256
@@ -58,8 +59,26 @@ def test_a_load_that_brings_nothing_back_fails_the_run(ttft, tmp_path, monkeypat
     assert ttft.main([*TINY, "--out", str(out)]) == 1
     rows = {row["path"]: row for row in json.loads(out.read_text())["rows"]}
     assert rows["numbakv"]["ok"] is False and not rows["numbakv"]["kv_exact"]
-    assert rows["disk"]["ok"] and rows["torch"]["ok"]
+    assert rows["layerwise"]["ok"] and rows["disk"]["ok"] and rows["torch"]["ok"]
     assert "WRONG: numbakv at 256 tokens" in capsys.readouterr().err
+
+
+def test_a_layerwise_load_that_skips_its_last_group_fails_the_run(ttft, tmp_path, monkeypatch):
+    """The tiny model's two layers are two groups: the second left unloaded must be caught."""
+    by_layers = ttft.PagedPrefix._load_by_layers
+
+    def all_but_the_last_group(self, blocks):
+        engines, self.group_engines = self.group_engines, self.group_engines[:-1]
+        try:
+            return by_layers(self, blocks)
+        finally:
+            self.group_engines = engines
+
+    monkeypatch.setattr(ttft.PagedPrefix, "_load_by_layers", all_but_the_last_group)
+    out = tmp_path / "ttft.json"
+    assert ttft.main([*TINY, "--out", str(out)]) == 1
+    rows = {row["path"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["layerwise"]["ok"] is False and rows["numbakv"]["ok"]
 
 
 @pytest.mark.parametrize(
