@@ -302,7 +302,9 @@ class ChunkBench:
         slot, count = lane.free_slots[0], self.blocks
         slot.staged_ids[:count] = self.gpu_ids[:count]
         slot.staged_ids[count : 2 * count] = lane.staging.positions[:count]
-        lane.staging.queue(lambda *_: None, 1, self.host_ids[:count], count)  # fill addresses
+        segments = engine.layout.num_segments
+        every = (0, segments, segments, 0)  # the kernels' segment arguments: every segment
+        lane.staging.queue(lambda *_: None, 1, self.host_ids[:count], count, every)  # addresses
         plain = engine._lanes[Direction.LOAD]
         calls_of = {
             "event_record": lambda: record(slot.end_at, lane.stream_at),
@@ -314,7 +316,7 @@ class ChunkBench:
                 2 * count,
                 lane.stream_at,
             ),
-            "launch": lambda: lane.launch(DEFAULT_MAX_THREAD_BLOCKS, count, 0, count),
+            "launch": lambda: lane.launch(DEFAULT_MAX_THREAD_BLOCKS, count, 0, count, *every),
             "batch_copy": lambda: lane.staging._copy(count),
             "event_query": lambda: event_done(plain.free_slots[0].end),
         }

@@ -13,9 +13,9 @@ Rows, each a median of `--repeats` runs after a warm-up, interleaved:
 - numbakv: load the prefix's blocks from host memory through numbakv's data path into a paged KV
   cache in vLLM's layout (flash-attention, blocks of 16 tokens, every layer), then one forward
   pass over the new tokens whose attention reads the prefix in the paged cache;
-- layerwise: the same, the layers in `LAYER_GROUPS` groups, one engine and host pool each, loaded
-  one group after the other; each layer's attention waits on the GPU for its own group only, so
-  the forward pass runs while the later groups still cross the link;
+- layerwise: the same, a job per group of layers (`LAYER_GROUPS`, numbakv's `layers=`), the groups
+  crossing the link one after the other; each layer's attention waits on the GPU for its own
+  group only, so the forward pass runs while the later groups still load;
 - disk: the same, the blocks first read from numbakv's disk tier into host memory;
 - torch: the same, loaded torch's way: one pinned copy to the GPU, then an index_copy per layer.
 Only the last token's logits are computed. A load is queued on the GPU as an engine queues it: the
@@ -159,9 +159,8 @@ class Clock:
 
 class PagedPrefix:
     """A paged KV cache in vLLM's flash-attention layout (per layer [2, blocks, 16, KV heads,
-    head size]) with numbakv's engine, host pool and disk tier over it, an engine and host pool
-    per group of layers, and torch's pinned copy of the same blocks: everything a row loads its
-    prefix with."""
+    head size]) with numbakv's engine, host pool and disk tier over it, and torch's pinned copy
+    of the same blocks: everything a row loads its prefix with."""
 
     def __init__(self, torch, model, device: str, max_blocks: int, disk_dir: Path) -> None:
         from numbakv.datapath import SIMULATOR_LAUNCH, HostPool, KVLayout, TransferEngine
@@ -179,30 +178,27 @@ class PagedPrefix:
         ]
         # The data path sees the same memory as 16-bit words (no bf16 in the array interfaces).
         words = [layer.view(torch.int16) for layer in self.layers]
-        words = words if device == "cuda" else [w.numpy() for w in words]
+        self.layout = KVLayout.from_arrays(
+            "flash_attn", words if device == "cuda" else [w.numpy() for w in words]
+        )
+        self.pool = HostPool.for_layout(self.layout, max_blocks)
         options = dict(SIMULATOR_LAUNCH) if ON_SIMULATOR else {}
-
-        def engine(layers: list) -> TransferEngine:
-            layout = KVLayout.from_arrays("flash_attn", layers)
-            return TransferEngine(layout, HostPool.for_layout(layout, max_blocks), **options)
-
-        self.engine = engine(words)
-        self.layout, self.pool = self.engine.layout, self.engine.host_pool
-        size = -(-len(words) // LAYER_GROUPS)
-        self.group_engines = [engine(words[at : at + size]) for at in range(0, len(words), size)]
+        # a layerwise load is a job per group, all in flight at once
+        options["max_jobs_in_flight"] = LAYER_GROUPS
+        self.engine = TransferEngine(self.layout, self.pool, **options)
+        size = -(-len(self.layers) // LAYER_GROUPS)
+        self.layer_groups = [
+            range(at, min(at + size, len(self.layers))) for at in range(0, len(self.layers), size)
+        ]
         # On a GPU: an event per group, recorded once its load ends, that its layers' attention
         # waits for; external, so a CUDA graph's replay waits for its latest record.
-        self.group_ready = self._side = None
+        self.group_ready = self._side = self.layer_ready = None
         if device == "cuda":
             self._side = torch.cuda.Stream()
-            self.group_ready = [torch.cuda.Event(external=True) for _ in self.group_engines]
+            self.group_ready = [torch.cuda.Event(external=True) for _ in self.layer_groups]
             for event in self.group_ready:
                 event.record()  # created now: a graph captures a wait only on a created event
-        self.layer_ready = (
-            None
-            if self.group_ready is None
-            else [self.group_ready[i // size] for i in range(len(words))]
-        )
+            self.layer_ready = [self.group_ready[layer // size] for layer in range(len(words))]
         self.host_ids = np.random.default_rng(0).permutation(max_blocks)  # scattered, as in use
         namespace = Namespace(
             "ttft-benchmark", "", str(self.dtype), BLOCK_TOKENS, 1, len(self.layers),
@@ -219,15 +215,14 @@ class PagedPrefix:
         self._staging = torch.empty(elements, dtype=self.dtype, device=device)
         self.gpu_index = torch.arange(max_blocks, device=device)
         self._jobs = iter(range(10**9))
-        self._in_flight: list[tuple[TransferEngine, int]] = []
+        self._in_flight: list[int] = []
 
     def save(self, cache, blocks: int) -> None:
         """Put the first `blocks` blocks of the recompute's KV cache where each row loads them
         from: host memory (stored through numbakv), the disk tier, torch's pinned copy."""
         for layer, kv in zip(self.layers, self._prefix_kv(cache, blocks)):
             layer[:, :blocks] = kv
-        for engine in (self.engine, *self.group_engines):
-            self._submit(engine, "store", blocks, self._stream())
+        self._submit("store", blocks, self._stream())
         self.settle()
         self.keys = [uuid.uuid4().bytes for _ in range(blocks)]  # a tier keeps what it holds
         job = next(self._jobs)
@@ -301,26 +296,28 @@ class PagedPrefix:
 
     def settle(self) -> None:
         """End numbakv's jobs (a load's jobs end on the CPU once the forward pass is queued)."""
-        for engine, job in self._in_flight:
-            engine.wait(job)
-            engine.get_finished()
+        for job in self._in_flight:
+            self.engine.wait(job)
         self._in_flight.clear()
+        self.engine.get_finished()
 
     def _stream(self):
         return self.torch.cuda.current_stream() if self.device == "cuda" else None
 
-    def _submit(self, engine, direction: str, blocks: int, after):
-        """One job of `engine` over the prefix's blocks, once `after` (a stream's queued work, an
-        event, or None) is reached; its completion event (None once it has finished)."""
+    def _submit(self, direction: str, blocks: int, after, layers: range | None = None):
+        """One job over the prefix's blocks (`layers` of them, or all), once `after` (a stream's
+        queued work, or None) is reached; its completion event (None once it has finished)."""
         job = next(self._jobs)
-        engine.submit(job, direction, np.arange(blocks), self.host_ids[:blocks], wait_event=after)
-        self._in_flight.append((engine, job))
-        return engine.completion_event(job)
+        self.engine.submit(
+            job, direction, np.arange(blocks), self.host_ids[:blocks], after, layers=layers
+        )
+        self._in_flight.append(job)
+        return self.engine.completion_event(job)
 
     def _load_after_compute(self, blocks: int) -> None:
         """One load of every layer: the current stream waits for it on the GPU."""
         stream = self._stream()
-        done = self._submit(self.engine, "load", blocks, stream)
+        done = self._submit("load", blocks, stream)
         if stream is None or done is None:
             self.settle()
         else:
@@ -329,21 +326,23 @@ class PagedPrefix:
             done.wait(cuda.external_stream(stream.cuda_stream))
 
     def _load_by_layers(self, blocks: int):
-        """A load per group of layers, each after the one before; on a GPU, each group's event
-        recorded (on a side stream) once it ends, and a mark once the last has."""
+        """A load job per group of layers, in order on the engine's load stream, the first after
+        the current stream's queued work; on a GPU, each group's event recorded (on a side
+        stream) once its job ends, and a mark once the last has."""
         if self.group_ready is None:  # the simulator: each job has ended when it returns
-            for engine in self.group_engines:
-                self._submit(engine, "load", blocks, None)
+            for layers in self.layer_groups:
+                self._submit("load", blocks, None, layers)
             self.settle()
             return None
         from numba import cuda
 
         side = cuda.external_stream(self._side.cuda_stream)
         after = self._stream()
-        for engine, ready in zip(self.group_engines, self.group_ready):
-            after = self._submit(engine, "load", blocks, after)  # the link takes them in order
-            if after is not None:
-                after.wait(side)
+        for layers, ready in zip(self.layer_groups, self.group_ready):
+            done = self._submit("load", blocks, after, layers)
+            after = None  # the lane's stream keeps the rest in order behind the first
+            if done is not None:
+                done.wait(side)
                 ready.record(self._side)
         loaded = self.torch.cuda.Event(enable_timing=True)
         loaded.record(self._side)

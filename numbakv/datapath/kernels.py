@@ -1,4 +1,5 @@
-"""Gather (GPU -> host) and scatter (host -> GPU) kernels over all layers in one launch.
+"""Gather (GPU -> host) and scatter (host -> GPU) kernels over all layers (or a range of them) in
+one launch.
 
 Work item: one warp copies one piece (at most PIECE_BYTES) of one segment (one layer's chunk) of
 one (gpu block, host block) pair, lanes striding over it in words so each warp instruction moves
@@ -16,11 +17,17 @@ Kernel arguments (all offsets in words):
     n            number of pairs of the job
     first        the first pair this launch moves
     count        how many pairs from `first` it moves (a staged job moves a round at a time)
+    seg_first    the first segment the job moves (0, or its first layer's)
+    seg_count    how many segments from `seg_first` it moves (all, or its layers')
+    host_segments   segments a block holds in `host` (all in the pool, the job's in a staging
+                 buffer)
+    host_seg_first  the segment at a block's start in `host` (0 in the pool, `seg_first` in a
+                 staging buffer, which holds only the job's)
     block_stride words between consecutive GPU blocks of one segment
     chunk_words  words per segment per block
     piece_words  words per work item (the last piece of a chunk may be shorter)
-The host block of pair i is segment after segment, `len(segments) * chunk_words` words. Items are
-pair-major, then segment, then piece, so consecutive warps write consecutive host bytes.
+A host block is segment after segment, `host_segments * chunk_words` words. Items are pair-major,
+then segment, then piece, so consecutive warps write consecutive host bytes.
 
 Each word width is compiled once, with an explicit signature, on first use and cached on disk
 (`cache=True`), so a restarted process loads it instead of compiling it again.
@@ -64,46 +71,61 @@ def _copy_run(dst, dst_start, src, src_start, count, lane):
 
 
 @cuda.jit(device=True)
-def _item_range(item, segments, ids, n, first, block_stride, chunk_words, piece_words):
+def _item_range(
+    item, segments, ids, n, first, seg_first, seg_count, host_segments, host_seg_first,
+    block_stride, chunk_words, piece_words,
+):  # fmt: skip
     """Where work item `item` (counted from pair `first`) starts in the arena and among the host
     blocks, and how many words it has."""
-    num_segments = segments.shape[0]
     pieces = (chunk_words + piece_words - 1) // piece_words
-    per_pair = num_segments * pieces
+    per_pair = seg_count * pieces
     pair = item // per_pair
     rest = item - pair * per_pair
-    segment = rest // pieces
+    segment = rest // pieces  # among the job's
     offset = (rest - segment * pieces) * piece_words
     pair += first
+    segment += seg_first
     gpu_start = segments[segment] + ids[pair] * block_stride + offset
-    host_start = (ids[n + pair] * num_segments + segment) * chunk_words + offset
-    return gpu_start, host_start, min(piece_words, chunk_words - offset)
+    host_block = ids[n + pair] * host_segments + segment - host_seg_first
+    return gpu_start, host_block * chunk_words + offset, min(piece_words, chunk_words - offset)
 
 
 @cuda.jit(device=True)
-def _num_items(segments, count, chunk_words, piece_words):
-    return count * segments.shape[0] * ((chunk_words + piece_words - 1) // piece_words)
+def _num_items(count, seg_count, chunk_words, piece_words):
+    return count * seg_count * ((chunk_words + piece_words - 1) // piece_words)
 
 
-def _gather(arena, host, segments, ids, n, first, count, block_stride, chunk_words, piece_words):
+def _gather(
+    arena, host, segments, ids, n, first, count, seg_first, seg_count, host_segments,
+    host_seg_first, block_stride, chunk_words, piece_words,
+):  # fmt: skip
     lane = cuda.threadIdx.x % WARP_SIZE
     first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(first_warp, _num_items(segments, count, chunk_words, piece_words), num_warps):
+    for item in range(
+        first_warp, _num_items(count, seg_count, chunk_words, piece_words), num_warps
+    ):
         gpu_start, host_start, words = _item_range(
-            item, segments, ids, n, first, block_stride, chunk_words, piece_words
-        )
+            item, segments, ids, n, first, seg_first, seg_count, host_segments, host_seg_first,
+            block_stride, chunk_words, piece_words,
+        )  # fmt: skip
         _copy_run(host, host_start, arena, gpu_start, words, lane)
 
 
-def _scatter(arena, host, segments, ids, n, first, count, block_stride, chunk_words, piece_words):
+def _scatter(
+    arena, host, segments, ids, n, first, count, seg_first, seg_count, host_segments,
+    host_seg_first, block_stride, chunk_words, piece_words,
+):  # fmt: skip
     lane = cuda.threadIdx.x % WARP_SIZE
     first_warp = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) // WARP_SIZE
     num_warps = cuda.gridDim.x * cuda.blockDim.x // WARP_SIZE
-    for item in range(first_warp, _num_items(segments, count, chunk_words, piece_words), num_warps):
+    for item in range(
+        first_warp, _num_items(count, seg_count, chunk_words, piece_words), num_warps
+    ):
         gpu_start, host_start, words = _item_range(
-            item, segments, ids, n, first, block_stride, chunk_words, piece_words
-        )
+            item, segments, ids, n, first, seg_first, seg_count, host_segments, host_seg_first,
+            block_stride, chunk_words, piece_words,
+        )  # fmt: skip
         _copy_run(arena, gpu_start, host, host_start, words, lane)
 
 
@@ -115,7 +137,7 @@ def signature(word: np.dtype) -> Any:
     words = types.Array(from_dtype(np.dtype(word)), 1, "C")
     ids = types.Array(types.int64, 1, "C")
     scalar = types.int64
-    return types.void(words, words, ids, ids, *[scalar] * 6)
+    return types.void(words, words, ids, ids, *[scalar] * 10)
 
 
 def get_kernel(name: str, word: np.dtype) -> Any:

@@ -76,6 +76,27 @@ class KVLayout:
         """Bytes of one block across all layers: the size of one host block."""
         return self.num_segments * self.chunk_bytes
 
+    def layer_segments(self, layers: range | None) -> tuple[int, int]:
+        """(first segment, number of segments) of the layers `layers` names (None: every layer).
+        One line naming `layers` when it is not a non-empty `range` of this cache's layers with
+        step 1, or when a block keeps its layers in one run (a contiguous cross-layer cache)."""
+        if layers is None or layers == range(self.num_layers):
+            return 0, self.num_segments
+        if not isinstance(layers, range):
+            raise TypeError(f"layers must be a range of layer indices, got {type(layers).__name__}")
+        if layers.step != 1 or not 0 <= layers.start < layers.stop <= self.num_layers:
+            raise ValueError(
+                f"layers must be a non-empty range within [0, {self.num_layers}) with step 1, "
+                f"got {layers!r}"
+            )
+        per_layer, rest = divmod(self.num_segments, self.num_layers)
+        if rest or not per_layer:
+            raise ValueError(
+                f"layers: this {self.kind.value} cache holds all {self.num_layers} layers of a "
+                "block in one contiguous run, which moves whole; pass layers=None"
+            )
+        return layers.start * per_layer, len(layers) * per_layer
+
     @classmethod
     def from_arrays(cls, kind: LayoutKind | str, kv_caches: Any | Sequence[Any]) -> KVLayout:
         """Describe `kv_caches` (a list of per-layer arrays, or one array for CROSS_LAYER)."""

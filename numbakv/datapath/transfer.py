@@ -142,9 +142,10 @@ class _Lane:
             host = staging.words  # the kernel reads or writes the buffer, not the pool
         self.launch = Launcher(
             kernel,
-            (arena, host, segments, self.device_ids, 0, 0, 0, block_stride)
+            (arena, host, segments, self.device_ids, 0, 0, 0, 0, 0, 0, 0, block_stride)
             + (chunk_words, piece_words),
-            (4, 5, 6),  # the job's pairs, the first pair and the pairs of this launch
+            # the job's pairs, the first pair and the pairs of this launch; its segments
+            (4, 5, 6, 7, 8, 9, 10),
             threads_per_block,
             self.stream,
         )
@@ -224,7 +225,8 @@ class TransferEngine:
         word = layout.word.itemsize
         chunk_words = layout.chunk_bytes // word
         piece_words = kernels.piece_words(chunk_words, layout.word)
-        self._items_per_pair = kernels.num_items(1, layout.num_segments, chunk_words, piece_words)
+        self._pieces_per_chunk = kernels.num_items(1, 1, chunk_words, piece_words)
+        self._all_segments = layout.num_segments
         kernel_args = (
             layout.arena,
             host_pool.words(layout.word),
@@ -245,7 +247,8 @@ class TransferEngine:
                 staging = Staging(
                     direction,
                     stream,
-                    layout.block_bytes,
+                    layout.chunk_bytes,
+                    layout.num_segments,
                     min(capacity, num_destinations),
                     host_pool.address,
                     host_pool.num_blocks,
@@ -278,6 +281,8 @@ class TransferEngine:
         gpu_block_ids: np.ndarray | Sequence[int],
         host_block_ids: np.ndarray | Sequence[int],
         wait_event: Any = None,
+        *,
+        layers: range | None = None,
     ) -> None:
         """Queue one job moving block `gpu_block_ids[i]` <-> host block `host_block_ids[i]` for all i.
 
@@ -285,8 +290,10 @@ class TransferEngine:
         Numba event or stream, a stream with a `cuda_stream` handle (torch.cuda.Stream) or an
         event with a `cuda_event` handle (torch.cuda.Event). Pass the compute stream to a store,
         so it never reads blocks still being written, and to a load, so it never overwrites blocks
-        that queued kernels still read. Without it the job starts at once. Everything is
-        validated before any memory is touched. A CUDA error while queueing leaves no job behind,
+        that queued kernels still read. Without it the job starts at once. `layers` (a range of
+        layer indices) moves only those layers of each block, to or from their place in the host
+        block: loads of consecutive ranges let the engine's layer i wait for its own range only.
+        Everything is validated before any memory is touched. A CUDA error while queueing leaves no job behind,
         but a staged job's earlier rounds may have run: a failed store's host blocks hold no
         chunk to trust.
         """
@@ -298,6 +305,7 @@ class TransferEngine:
             self._gpu_ids("gpu_block_ids", gpu_block_ids, not is_store),
             self._host_ids("host_block_ids", host_block_ids, is_store),
             wait_event,
+            layers,
         )
 
     def check_gpu_ids(self, direction: Direction | str, gpu_block_ids: Any) -> np.ndarray:
@@ -319,10 +327,12 @@ class TransferEngine:
         gpu_ids: np.ndarray,
         host_ids: np.ndarray,
         wait_event: Any = None,
+        *,
+        layers: range | None = None,
     ) -> None:
         """`submit` for ids already checked (by `check_gpu_ids` and `check_host_ids`, or host ids
         from a manager no larger than this pool): only the job itself is checked here."""
-        self._enqueue(self._lane(direction), job_id, gpu_ids, host_ids, wait_event)
+        self._enqueue(self._lane(direction), job_id, gpu_ids, host_ids, wait_event, layers)
 
     def _enqueue(
         self,
@@ -331,6 +341,7 @@ class TransferEngine:
         gpu_ids: np.ndarray,
         host_ids: np.ndarray,
         wait_event: Any,
+        layers: range | None,
     ) -> None:
         self._raise_if_faulted()
         if job_id in self._jobs:
@@ -343,14 +354,16 @@ class TransferEngine:
                 f"gpu_block_ids has {count} ids, host_block_ids has {len(host_ids)}: lengths must match"
             )
         dependency = self._dependency(wait_event)
+        seg_first, seg_count = self.layout.layer_segments(layers)
+        staging = lane.staging
+        if staging is not None:
+            staging.use(seg_first, seg_count)
 
         slot = self._take_slot(lane)
         try:
             staged = slot.staged_ids
             staged[:count] = gpu_ids
-            staged[count : 2 * count] = (
-                host_ids if lane.staging is None else lane.staging.positions[:count]
-            )
+            staged[count : 2 * count] = host_ids if staging is None else staging.positions[:count]
             if dependency is not None:
                 self._hold_back(lane, *dependency)
             record(slot.start_at, lane.stream_at)
@@ -363,21 +376,20 @@ class TransferEngine:
                     2 * count,
                     lane.stream_at,
                 )
-                staging = lane.staging
                 pairs = count if staging is None else min(count, staging.capacity)  # per launch
-                grid = kernels.grid_size(
-                    pairs * self._items_per_pair, lane.threads_per_block, lane.max_thread_blocks
-                )
-                if staging is None:
-                    lane.launch(grid, count, 0, count)
-                else:
-                    staging.queue(lane.launch, grid, host_ids, count)
+                items = pairs * seg_count * self._pieces_per_chunk
+                grid = kernels.grid_size(items, lane.threads_per_block, lane.max_thread_blocks)
+                if staging is None:  # host blocks of every segment, the job's at their place
+                    lane.launch(grid, count, 0, count, seg_first, seg_count, self._all_segments, 0)
+                else:  # staged parts of the job's segments only
+                    segments = (seg_first, seg_count, seg_count, seg_first)
+                    staging.queue(lane.launch, grid, host_ids, count, segments)
             record(slot.end_at, lane.stream_at)
         except BaseException:
             _settle(lane)  # what was queued ran to its end: nothing still reads the slot
             lane.free_slots.append(slot)  # no job holds it any more: the slot is free again
             raise
-        job = _InFlight(job_id, lane.direction, count * self.layout.block_bytes, slot)
+        job = _InFlight(job_id, lane.direction, count * seg_count * self.layout.chunk_bytes, slot)
         lane.in_flight.append(job)
         self._jobs[job_id] = job
 

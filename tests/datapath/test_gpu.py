@@ -230,6 +230,31 @@ def test_reads_after_a_late_load_wait_for_its_completion_event(torch):
     assert engine.wait(1)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_each_layer_range_is_read_after_its_own_load(torch, path):
+    """Four loads of 8 layers each, the first held behind a sleeping stream: the engine's stream,
+    told to wait for each range's completion event and reading that range's layers right after,
+    reads the loaded bytes of every range (on the host pool's side, its place in each block)."""
+    tensors, pool, engine = _setup(torch, path=path)
+    ids = np.arange(16)
+    index = torch.as_tensor(ids, device="cuda")
+    side, _ = _copies_behind_a_sleep(torch, [], [])
+    starts = range(0, NUM_LAYERS, 8)
+    read = []
+    for number, start in enumerate(starts):
+        first = side if number == 0 else None  # the rest follow it on the engine's stream
+        engine.submit(number, "load", ids, ids, wait_event=first, layers=range(start, start + 8))
+        engine.completion_event(number).wait(_numba_stream(torch))
+        read.append(torch.stack(tensors[start : start + 8])[:, :, index].movedim(2, 0).contiguous())
+    layer_bytes = pool.block_bytes // NUM_LAYERS
+    for start, snapshot in zip(starts, read):
+        expected = pool.blocks[ids, start * layer_bytes : (start + 8) * layer_bytes]
+        np.testing.assert_array_equal(
+            snapshot.view(torch.uint8).reshape(len(ids), -1).cpu().numpy(), expected
+        )
+    assert all(engine.wait(number) for number in range(len(starts)))
+
+
 def _span_ms(torch, action) -> float:
     """Milliseconds from an event recorded before `action` to one recorded after what it queued
     (`action` returns the events the default stream must wait for)."""

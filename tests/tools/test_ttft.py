@@ -68,11 +68,11 @@ def test_a_layerwise_load_that_skips_its_last_group_fails_the_run(ttft, tmp_path
     by_layers = ttft.PagedPrefix._load_by_layers
 
     def all_but_the_last_group(self, blocks):
-        engines, self.group_engines = self.group_engines, self.group_engines[:-1]
+        groups, self.layer_groups = self.layer_groups, self.layer_groups[:-1]
         try:
             return by_layers(self, blocks)
         finally:
-            self.group_engines = engines
+            self.layer_groups = groups
 
     monkeypatch.setattr(ttft.PagedPrefix, "_load_by_layers", all_but_the_last_group)
     out = tmp_path / "ttft.json"
