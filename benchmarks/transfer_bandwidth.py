@@ -318,6 +318,8 @@ class ChunkBench:
             ),
             "launch": lambda: lane.launch(DEFAULT_MAX_THREAD_BLOCKS, count, 0, count, *every),
             "batch_copy": lambda: lane.staging._copy(count),
+            # one entry: whether the batched copy's cost is per call or per block copied
+            "batch_copy_one": lambda: lane.staging._copy(1),
             "event_query": lambda: event_done(plain.free_slots[0].end),
         }
         result = {}

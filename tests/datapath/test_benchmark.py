@@ -53,6 +53,7 @@ def test_benchmark_writes_every_measurement(tmp_path, capsys):
         "id_upload",
         "launch",
         "batch_copy",
+        "batch_copy_one",
         "event_query",
     }
     out = capsys.readouterr().out
