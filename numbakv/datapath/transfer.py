@@ -293,9 +293,9 @@ class TransferEngine:
         that queued kernels still read. Without it the job starts at once. `layers` (a range of
         layer indices) moves only those layers of each block, to or from their place in the host
         block: loads of consecutive ranges let the engine's layer i wait for its own range only.
-        Everything is validated before any memory is touched. A CUDA error while queueing leaves no job behind,
-        but a staged job's earlier rounds may have run: a failed store's host blocks hold no
-        chunk to trust.
+        Everything is validated before any memory is touched. A CUDA error while queueing leaves
+        no job behind, but a staged job's earlier rounds may have run: a failed store's host
+        blocks hold no chunk to trust.
         """
         lane = self._lane(direction)
         is_store = lane.direction is Direction.STORE
