@@ -86,9 +86,13 @@ class RedisSettings:
     node of a Redis Cluster. `ttl_s`: every value expires after this many seconds (required
     against a server that refuses writes when full). `max_connections`: the pool's bound (per node
     in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
-    chunks is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server, at
-    most `max_connections` - 1 (one connection is left for lookups). `socket_timeout_s`: how long one batch may wait on the server before
-    the store counts as unreachable; `connect_timeout_s` the same for connecting.
+    stores is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server, at
+    most `max_connections` - 1 (one connection is left for lookups). `read_stripes`: the same for
+    a batch of loads, fewer by default: the server copies each value into its replies and writes
+    them out one socket at a time, so more readers only wake more threads for the same bytes,
+    where a store's stripes also take its checksums side by side. `socket_timeout_s`: how long
+    one batch may wait on the server before the store counts as unreachable;
+    `connect_timeout_s` the same for connecting.
     """
 
     url: str
@@ -98,6 +102,7 @@ class RedisSettings:
     password_env: str = DEFAULT_PASSWORD_ENV
     max_connections: int = 16
     stripes: int = 8
+    read_stripes: int = 2
     socket_timeout_s: float = 2.0
     connect_timeout_s: float = 0.5
 
@@ -127,7 +132,7 @@ class RedisSettings:
             raise ValueError(
                 f"password_env must name an environment variable, got {self.password_env!r}"
             )
-        for name in ("max_connections", "stripes"):
+        for name in ("max_connections", "stripes", "read_stripes"):
             object.__setattr__(self, name, positive(name, getattr(self, name), integer=True))
         for name in ("socket_timeout_s", "connect_timeout_s"):
             object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
@@ -181,8 +186,12 @@ class RedisBackend(ChunkBackend):
             self._client.close()
             raise
         # A batch's stripes leave a connection of the pool to the lookups.
-        self._stripe_count = max(1, min(settings.stripes, settings.max_connections - 1))
-        self._stripes = ThreadPoolExecutor(self._stripe_count, thread_name_prefix="numbakv-redis")
+        most = settings.max_connections - 1
+        self._write_stripes = max(1, min(settings.stripes, most))
+        self._read_stripes = max(1, min(settings.read_stripes, most))
+        self._stripes = ThreadPoolExecutor(
+            max(self._write_stripes, self._read_stripes), thread_name_prefix="numbakv-redis"
+        )
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         replies = self._pipelined(keys, lambda _, key: [command(b"EXISTS", key)], _reply)
@@ -197,6 +206,7 @@ class RedisBackend(ChunkBackend):
             lambda index, key: set_command(key, headers[index], payloads[index], ttl_ms),
             _reply,
             sum(payload.nbytes for payload in payloads),
+            self._write_stripes,
         )
         refused = [reply for reply in replies if isinstance(reply, ResponseError)]
         if refused:
@@ -218,6 +228,7 @@ class RedisBackend(ChunkBackend):
             lambda _, key: [command(b"GET", key)],
             read,
             sum(payload.nbytes for payload in payloads),
+            self._read_stripes,
         )
         return [reply if isinstance(reply, StoredValue) else None for reply in replies]
 
@@ -228,23 +239,25 @@ class RedisBackend(ChunkBackend):
         self._stripes.shutdown()
         self._client.close()
 
-    def _pipelined(self, keys: Sequence[bytes], pack, read, payload_bytes: int = 0) -> list:
+    def _pipelined(
+        self, keys: Sequence[bytes], pack, read, payload_bytes: int = 0, stripes: int = 1
+    ) -> list:
         """One command per key, pipelined: one round trip per server. `pack(index in keys, full
         key)` gives a command's buffers, `read(replies, index)` its reply. A command's error is
         its reply; so is a cluster node's unreachability for its keys (the other nodes' keys
         still move); a store entirely unreachable is BackendUnavailable. On a standalone server,
-        `payload_bytes` of chunks are spread over stripes."""
+        `payload_bytes` of chunks are spread over up to `stripes` connections."""
         if not keys:
             return []
         window = len(keys)
         if payload_bytes:
             window = max(1, WINDOW_BYTES * len(keys) // payload_bytes)
         if not self.settings.cluster:
-            count = min(self._stripe_count, len(keys), payload_bytes // STRIPE_BYTES)
+            count = min(stripes, len(keys), payload_bytes // STRIPE_BYTES)
             if count < 2:
                 return self._pipeline_on(self._client, keys, range(len(keys)), pack, read, window)
             step = -(-len(keys) // count)
-            stripes = [
+            running = [
                 self._stripes.submit(
                     self._pipeline_on,
                     self._client,
@@ -258,8 +271,8 @@ class RedisBackend(ChunkBackend):
             ]
             # Every stripe ends before any answer or error is given: a failed batch's rows are
             # handed back to the caller, so no stripe may still be reading into or from them.
-            wait_for_futures(stripes)
-            return [reply for stripe in stripes for reply in stripe.result()]
+            wait_for_futures(running)
+            return [reply for stripe in running for reply in stripe.result()]
         replies: list = [None] * len(keys)
         by_node: dict[str, list[int]] = {}
         nodes = {}

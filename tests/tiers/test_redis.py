@@ -63,6 +63,29 @@ def server(tmp_path):
         yield started
 
 
+@pytest.mark.parametrize(("stripes", "read_stripes"), [(8, 2), (3, 5)])
+def test_stores_and_loads_spread_over_their_own_stripes(server, monkeypatch, stripes, read_stripes):
+    """64 chunks of 1 MiB (8 MiB a stripe at least): a store on `stripes` connections at once, a
+    load on `read_stripes`, every byte back."""
+    spreads = []
+    pipeline_on = RedisBackend._pipeline_on
+
+    def counted(self, server_client, keys, indexes, *rest):
+        spreads[-1] += 1
+        return pipeline_on(self, server_client, keys, indexes, *rest)
+
+    monkeypatch.setattr(RedisBackend, "_pipeline_on", counted)
+    rows, keys = pool(128, 17, 1 << 20), [b"spread-%d" % i for i in range(64)]
+    chunk_tier = tier(server.url, rows, stripes=stripes, read_stripes=read_stripes)
+    spreads.append(0)
+    assert run(chunk_tier, chunk_tier.submit_store, 1, keys, range(64)).success
+    spreads.append(0)
+    assert run(chunk_tier, chunk_tier.submit_load, 2, keys, range(64, 128)).success
+    assert spreads == [stripes, read_stripes]
+    np.testing.assert_array_equal(rows[64:], rows[:64])
+    chunk_tier.close()
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 4096, 1 << 20])
 def test_two_engines_share_chunks_byte_exact(server, chunk_bytes):
     writer = tier(server.url, pool(8, 1, chunk_bytes))
@@ -249,6 +272,7 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
         ({"url": "redis://h:1", "max_connections": 0}, "max_connections"),
         ({"url": "redis://h:1", "cluster": "yes"}, "cluster"),
         ({"url": "redis://h:1", "socket_timeout_s": -1}, "socket_timeout_s"),
+        ({"url": "redis://h:1", "read_stripes": 0}, "read_stripes"),
         ({}, "url"),
     ],
 )
