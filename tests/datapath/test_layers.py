@@ -10,8 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numbakv.datapath import HostPool, LayoutKind, TransferEngine
-from tests.support.datapath_cases import GPU_POISON, HOST_POISON, finish, make_cache
+from numbakv.datapath import LayoutKind
+from tests.support.datapath_cases import (
+    GPU_POISON,
+    HOST_POISON,
+    finish,
+    make_cache,
+    small_engine,
+)
 
 NUM_LAYERS = 3
 NUM_BLOCKS = 8
@@ -21,17 +27,7 @@ PATHS = ["zero_copy", "staged", {"store": "staged", "load": "zero_copy"}]
 
 
 def _engine(cache, path, staging_blocks=2):
-    pool = HostPool.for_layout(cache.layout, NUM_HOST_BLOCKS)
-    pool.blocks[:] = HOST_POISON
-    engine = TransferEngine(
-        cache.layout,
-        pool,
-        max_thread_blocks=2,
-        threads_per_block=32,
-        path=path,
-        staging_bytes=staging_blocks * cache.layout.block_bytes,
-    )
-    return engine, pool
+    return small_engine(cache, path, NUM_HOST_BLOCKS, staging_blocks)
 
 
 def _layer_bytes(cache, copies, block, layers):

@@ -7,7 +7,13 @@ import pytest
 from numbakv.datapath import HostPool, LayoutKind, TransferEngine, transfer
 from numbakv.datapath.staging import Staging
 from numbakv.jobs import Direction
-from tests.support.datapath_cases import GPU_POISON, HOST_POISON, finish, make_cache
+from tests.support.datapath_cases import (
+    GPU_POISON,
+    HOST_POISON,
+    finish,
+    make_cache,
+    small_engine,
+)
 
 NUM_HOST_BLOCKS = 7
 STAGED_BOTH = {"store": "staged", "load": "staged"}
@@ -19,18 +25,7 @@ MIXED = [
 
 
 def _engine(cache, path, staging_blocks=2, **options):
-    pool = HostPool.for_layout(cache.layout, NUM_HOST_BLOCKS)
-    pool.blocks[:] = HOST_POISON
-    engine = TransferEngine(
-        cache.layout,
-        pool,
-        max_thread_blocks=2,
-        threads_per_block=32,
-        path=path,
-        staging_bytes=staging_blocks * cache.layout.block_bytes,
-        **options,
-    )
-    return engine, pool
+    return small_engine(cache, path, NUM_HOST_BLOCKS, staging_blocks, **options)
 
 
 def _poisoned(cache, copies):

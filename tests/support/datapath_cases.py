@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from numbakv.datapath import KVLayout, LayoutKind
+from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine
 
 GPU_POISON = 0x5A
 HOST_POISON = 0xA5
@@ -81,3 +81,20 @@ def make_cache(
     }[kind]
     arrays = [cuda.to_device(random_array(rng, shape, dtype)) for _ in range(num_layers)]
     return KVCache(kind, arrays, KVLayout.from_arrays(kind, arrays))
+
+
+def small_engine(cache: KVCache, path, num_host_blocks: int, staging_blocks: int = 2, **options):
+    """An engine over `cache` and a pool of `num_host_blocks` filled with the host poison, at the
+    simulator's small launch shape, with a staging buffer of `staging_blocks` whole blocks."""
+    pool = HostPool.for_layout(cache.layout, num_host_blocks)
+    pool.blocks[:] = HOST_POISON
+    engine = TransferEngine(
+        cache.layout,
+        pool,
+        max_thread_blocks=2,
+        threads_per_block=32,
+        path=path,
+        staging_bytes=staging_blocks * cache.layout.block_bytes,
+        **options,
+    )
+    return engine, pool
