@@ -3,7 +3,8 @@
 The embedded tier that needs no server. One file per chunk, named by its key, under a directory
 named by the namespace's digest; a `CPUOffloadingManager` is the index (key -> file) and its
 policy picks what to evict when `bytes_to_use` is reached. A file holds a 4096-byte block with the
-chunk header, then the payload, so both lie on the alignment O_DIRECT asks for.
+chunk header, then the payload, so both lie on the alignment O_DIRECT asks for, and a load reads
+them in one request.
 
 Writes go to a temporary name, then are renamed: a reader sees a whole chunk or none. No fsync:
 the tier is a cache and every load is checked against its header's length and XXH3-64, so what a
@@ -327,40 +328,34 @@ class DiskBackend(ChunkBackend):
         return True
 
     def _read_file(self, key: bytes, payload: memoryview) -> StoredValue | None:
-        """The header, then (only when it belongs here and promises this payload) the payload."""
+        """The header block and the payload in one read request, the payload straight into its
+        row where O_DIRECT can move it there. The tier checks both before the row counts: a
+        chunk that fails any check is a miss, and its row goes back unused."""
         flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
         try:
             fd = os.open(self._path(key), flags)
         except FileNotFoundError:
             return None
         buffer = self._io_buffer()
+        straight = not self.direct_io or _aligned_buffer(payload)
         try:
-            got = os.preadv(fd, [buffer[:ALIGNMENT]], 0)
-            header = bytes(buffer[: min(got, HEADER_BYTES)])
-            try:
-                parsed = parse_header(header)
-            except CorruptChunk:
-                return StoredValue(header, 0)  # the tier's own check names it
-            held = max(0, os.fstat(fd).st_size - ALIGNMENT)
-            if parsed.namespace != self._namespace or not (
-                parsed.payload_bytes == payload.nbytes <= held
-            ):
-                return StoredValue(header, min(held, parsed.payload_bytes))  # nothing copied
-            if self.direct_io and not _aligned_buffer(payload):
-                padded = _aligned(payload.nbytes)
-                got = os.preadv(fd, [buffer[ALIGNMENT : ALIGNMENT + padded]], ALIGNMENT)
-                payload[:] = buffer[ALIGNMENT : ALIGNMENT + payload.nbytes]
-            else:
-                got = os.preadv(fd, [payload], ALIGNMENT)
-            whole = got >= payload.nbytes  # a short read fails the tier's length check
-            # taken here, on this file's thread, not by the tier after the whole batch
-            digest = checksum(payload, key) if whole else None
-            return StoredValue(header, min(got, payload.nbytes), digest)
+            got = os.preadv(fd, [buffer[:ALIGNMENT], payload] if straight else [buffer], 0)
         except OSError as error:
             logger.warning("numbakv disk tier: reading %s failed: %s", key.hex(), error)
             return None
         finally:
             os.close(fd)
+        found = min(max(0, got - ALIGNMENT), payload.nbytes)  # short: the length check fails
+        if not straight:
+            payload[:found] = buffer[ALIGNMENT : ALIGNMENT + found]
+        header = bytes(buffer[: min(got, HEADER_BYTES)])
+        try:
+            ours = parse_header(header).namespace == self._namespace
+        except CorruptChunk:
+            ours = False  # the tier's own check names it
+        # taken here, on this file's thread, not by the tier after the whole batch
+        digest = checksum(payload, key) if ours and found == payload.nbytes else None
+        return StoredValue(header, found, digest)
 
     def _rebuild(self) -> None:
         """Index the chunk files already here, oldest first; drop crashed writers' temporaries

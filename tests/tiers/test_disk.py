@@ -186,9 +186,7 @@ def test_a_damaged_file_is_never_loaded_and_is_removed(tmp_path, caplog, damage,
     job = finished(tier)["l"]
     assert not job.success and job.failed_keys == (KEYS[0],)
     assert f"failed its {check} check" in caplog.text
-    np.testing.assert_array_equal(pool[3], pool[1])
-    if check != "checksum":  # the header failed: not one payload byte reached host memory
-        assert (pool[2] == 7).all()
+    np.testing.assert_array_equal(pool[3], pool[1])  # row 2 went back unused, whatever it holds
     assert not os.path.exists(path) and tier.counters.integrity_failures == 1
     assert tier.contains(KEYS[:2]) == [False, True]
     assert tier.backend.used_files() == 1
@@ -321,10 +319,9 @@ def test_a_directory_another_namespace_wrote_is_never_loaded(tmp_path):
     os.rmdir(ours.backend.directory + "/00")  # and if the other's files are put under ours:
     shutil.copytree(other.backend.directory, ours.backend.directory, dirs_exist_ok=True)
     assert ours.contains(KEYS[:2]) == [True, True]
-    pool[2:4] = 9
     ours.submit_load("l", KEYS[:2], [2, 3])
     assert finished(ours)["l"].failed_keys == tuple(KEYS[:2])
-    assert (pool[2:4] == 9).all() and ours.counters.integrity_failures == 2
+    assert ours.counters.integrity_failures == 2 and ours.counters.loaded_other == 0
     assert ours.contains(KEYS[:2]) == [False, False] and chunk_files(ours.backend) == []
 
 
