@@ -90,7 +90,7 @@ class RedisSettings:
     most `max_connections` - 1 (one connection is left for lookups). `read_stripes`: the same for
     a batch of loads, fewer by default: the server copies each value into its replies and writes
     them out one socket at a time, so more readers only wake more threads for the same bytes,
-    where a store's stripes also take its checksums side by side. `socket_timeout_s`: how long
+    while a store's stripes also take its checksums side by side. `socket_timeout_s`: how long
     one batch may wait on the server before the store counts as unreachable;
     `connect_timeout_s` the same for connecting.
     """
