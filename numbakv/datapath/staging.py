@@ -7,7 +7,7 @@ part of each host block, in the job's pair order, at HBM speed), then one batche
 host blocks' parts into the buffer, then runs the scatter kernel out of it. The kernels are the
 zero-copy path's own: the buffer stands where the host pool stood, and the job's "host ids" become
 positions in the buffer. A job's part of a block is every segment, or the segments of the layers
-it names (`use`): the buffer then packs more blocks a round. A job larger than the buffer moves in
+it names (`use`, then `queue`): the buffer then packs more blocks a round. A job larger than the buffer moves in
 rounds of `capacity` blocks, one after the other on the lane's stream. Everything is allocated
 once per lane; a round costs two driver calls and one NumPy pass over its host ids (a lookup in a
 table of the pool's block addresses), whatever its blocks and layers.
@@ -62,14 +62,13 @@ class Staging:
                 stream, self._staged_addresses, self._host_addresses, self._sizes
             )
         self._seg_count = 0  # none yet
-        self.use(0, num_segments)
+        self.use(num_segments)
 
-    def use(self, seg_first: int, seg_count: int) -> None:
-        """Pack the segments `seg_first` to `seg_first + seg_count` of each block from now on:
-        sets `capacity` (blocks a round) and `positions` (pair i's place in the buffer, what the
-        kernels take as its host block id). A NumPy pass over the most pairs a job can have,
-        only when the number of segments differs from the last job's."""
-        self._offset = seg_first * self._chunk_bytes  # of the part in a host block
+    def use(self, seg_count: int) -> None:
+        """Pack `seg_count` segments of each block from now on: sets `capacity` (blocks a round)
+        and `positions` (pair i's place in the buffer, what the kernels take as its host block
+        id). A NumPy pass over the most pairs a job can have, only when the number of segments
+        differs from the last job's."""
         if seg_count == self._seg_count:
             return
         part = seg_count * self._chunk_bytes
@@ -89,11 +88,12 @@ class Staging:
         the pairs `first` to `first + pairs` of the job's uploaded ids and its `segments` (the
         kernels' four segment arguments), in `grid` thread blocks (sized for a full round)."""
         addresses = self._host_addresses
+        offset = segments[0] * self._chunk_bytes  # of the job's part in a host block
         for first in range(0, count, self.capacity):
             pairs = min(self.capacity, count - first)
             np.take(self._block_addresses, host_ids[first : first + pairs], out=addresses[:pairs])
-            if self._offset:
-                addresses[:pairs] += self._offset
+            if offset:
+                addresses[:pairs] += offset
             if self.direction is Direction.STORE:
                 launch(grid, count, first, pairs, *segments)
                 self._copy(pairs)

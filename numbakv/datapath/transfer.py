@@ -226,7 +226,6 @@ class TransferEngine:
         chunk_words = layout.chunk_bytes // word
         piece_words = kernels.piece_words(chunk_words, layout.word)
         self._pieces_per_chunk = kernels.num_items(1, 1, chunk_words, piece_words)
-        self._all_segments = layout.num_segments
         kernel_args = (
             layout.arena,
             host_pool.words(layout.word),
@@ -357,7 +356,7 @@ class TransferEngine:
         seg_first, seg_count = self.layout.layer_segments(layers)
         staging = lane.staging
         if staging is not None:
-            staging.use(seg_first, seg_count)
+            staging.use(seg_count)
 
         slot = self._take_slot(lane)
         try:
@@ -380,7 +379,8 @@ class TransferEngine:
                 items = pairs * seg_count * self._pieces_per_chunk
                 grid = kernels.grid_size(items, lane.threads_per_block, lane.max_thread_blocks)
                 if staging is None:  # host blocks of every segment, the job's at their place
-                    lane.launch(grid, count, 0, count, seg_first, seg_count, self._all_segments, 0)
+                    every = self.layout.num_segments
+                    lane.launch(grid, count, 0, count, seg_first, seg_count, every, 0)
                 else:  # staged parts of the job's segments only
                     segments = (seg_first, seg_count, seg_count, seg_first)
                     staging.queue(lane.launch, grid, host_ids, count, segments)
