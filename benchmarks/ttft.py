@@ -29,8 +29,9 @@ Per row: TTFT, its speed-up over recompute, and the load's time (on the GPU's ti
 request to the loaded prefix) against its bytes over the DMA ceiling measured in the same run.
 Every loaded prefix must equal the recompute's KV byte for byte, and its first token's logits
 must equal, bit for bit, those of the same forward pass over the recompute's own KV, or the
-command exits 1; the pass must be seen to read the paged cache, or it stops. Without a GPU it runs on the CPU and numbakv's data path on Numba's CUDA
-simulator (times meaningless, the checks real).
+command exits 1; the pass must be seen to read the paged cache, or it stops. Without a GPU it
+runs on the CPU and numbakv's data path on Numba's CUDA simulator (times meaningless, the checks
+real).
 """
 
 from __future__ import annotations
