@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -77,11 +78,15 @@ def namespace(chunk_bytes: int) -> Namespace:
 
 def median_seconds(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
     """The median of `repeats` runs of each action (each returns its own seconds), the actions
-    taking turns (so that a machine busy now and idle later favours none of them)."""
+    taking turns in a new order each round (seeded): on a small machine what ran just before an
+    action slows it or not (a large read before a write, up to a third on 2 cores), so no action
+    keeps one place or one predecessor, and a machine busy now and idle later favours none."""
     runs: dict[str, list[float]] = {name: [] for name in actions}
+    order, shuffler = list(actions), random.Random(0)
     for _ in range(repeats):
-        for name, action in actions.items():
-            runs[name].append(action())
+        shuffler.shuffle(order)
+        for name in order:
+            runs[name].append(actions[name]())
     return {name: statistics.median(seconds) for name, seconds in runs.items()}
 
 

@@ -61,6 +61,10 @@ TLS_URL_OPTIONS = (
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
 WINDOW_BYTES = 2 << 20
 """Bytes of chunks a connection has asked for and not yet received (at least one chunk)."""
+REPLY_WINDOW = 1024
+"""Commands with replies of a few bytes (SET, EXISTS, DEL) a connection has sent and not yet had
+answered. A batch of stores goes out whole before its first reply is read, paced by the socket's
+send buffer; the bound keeps the unread replies within the socket's receive buffer."""
 STRIPE_BYTES = 8 << 20
 """The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
@@ -87,10 +91,12 @@ class RedisSettings:
     against a server that refuses writes when full). `max_connections`: the pool's bound (per node
     in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
     stores is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server, at
-    most `max_connections` - 1 (one connection is left for lookups). `read_stripes`: the same for
-    a batch of loads, fewer by default: the server copies each value into its replies and writes
-    them out one socket at a time, so more readers only wake more threads for the same bytes,
-    while a store's stripes also take its checksums side by side. `socket_timeout_s`: how long
+    most `max_connections` - 1 (one connection is left for lookups); one by default: a batch's
+    stores stream out without waiting for their replies, so one connection keeps the server
+    busy, and more threads only take turns on the client's cores (raise it where the client has
+    cores to spare and the link outruns what one core copies). `read_stripes`: the same for a
+    batch of loads, two by default: a connection waits for the values it asked for
+    (WINDOW_BYTES at a time), and a second one fills that wait. `socket_timeout_s`: how long
     one batch may wait on the server before the store counts as unreachable;
     `connect_timeout_s` the same for connecting.
     """
@@ -101,7 +107,7 @@ class RedisSettings:
     ttl_s: float | None = None
     password_env: str = DEFAULT_PASSWORD_ENV
     max_connections: int = 16
-    stripes: int = 8
+    stripes: int = 1
     read_stripes: int = 2
     socket_timeout_s: float = 2.0
     connect_timeout_s: float = 0.5
@@ -194,7 +200,7 @@ class RedisBackend(ChunkBackend):
         )
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        replies = self._pipelined(keys, lambda _, key: [command(b"EXISTS", key)], _reply)
+        replies = self._pipelined(keys, lambda _, key: command(b"EXISTS", key), _reply)
         return [reply == 1 for reply in replies]
 
     def write(
@@ -223,35 +229,41 @@ class RedisBackend(ChunkBackend):
                 return value._replace(checksum=checksum(payload, keys[index]))
             return value
 
+        payload_bytes = sum(payload.nbytes for payload in payloads)
         replies = self._pipelined(
             keys,
-            lambda _, key: [command(b"GET", key)],
+            lambda _, key: command(b"GET", key),
             read,
-            sum(payload.nbytes for payload in payloads),
+            payload_bytes,
             self._read_stripes,
+            window=max(1, WINDOW_BYTES * len(keys) // max(payload_bytes, 1)),
         )
         return [reply if isinstance(reply, StoredValue) else None for reply in replies]
 
     def delete(self, keys: Sequence[bytes]) -> None:
-        self._pipelined(keys, lambda _, key: [command(b"DEL", key)], _reply)
+        self._pipelined(keys, lambda _, key: command(b"DEL", key), _reply)
 
     def close(self) -> None:
         self._stripes.shutdown()
         self._client.close()
 
     def _pipelined(
-        self, keys: Sequence[bytes], pack, read, payload_bytes: int = 0, stripes: int = 1
+        self,
+        keys: Sequence[bytes],
+        pack,
+        read,
+        payload_bytes: int = 0,
+        stripes: int = 1,
+        window: int = REPLY_WINDOW,
     ) -> list:
         """One command per key, pipelined: one round trip per server. `pack(index in keys, full
-        key)` gives a command's buffers, `read(replies, index)` its reply. A command's error is
-        its reply; so is a cluster node's unreachability for its keys (the other nodes' keys
-        still move); a store entirely unreachable is BackendUnavailable. On a standalone server,
-        `payload_bytes` of chunks are spread over up to `stripes` connections."""
+        key)` gives a command's buffers, `read(replies, index)` its reply; at most `window`
+        commands a connection go unanswered. A command's error is its reply; so is a cluster
+        node's unreachability for its keys (the other nodes' keys still move); a store entirely
+        unreachable is BackendUnavailable. On a standalone server, `payload_bytes` of chunks
+        are spread over up to `stripes` connections."""
         if not keys:
             return []
-        window = len(keys)
-        if payload_bytes:
-            window = max(1, WINDOW_BYTES * len(keys) // payload_bytes)
         if not self.settings.cluster:
             count = min(stripes, len(keys), payload_bytes // STRIPE_BYTES)
             if count < 2:
@@ -319,9 +331,10 @@ class RedisBackend(ChunkBackend):
         window: int,
     ) -> list:
         """The commands of `keys[indexes]` on one connection of `server`'s pool, their replies
-        read in order (resp.py), at most `window` commands unanswered: the server holds that
-        many replies at once instead of the whole batch's (a reply queued costs it a copy into
-        fresh memory). A connection left midway is closed, so the next one starts clean."""
+        read in order (resp.py), at most `window` commands unanswered (refilled when half are
+        answered): the server holds that many replies at once instead of the whole batch's (a
+        reply queued costs it a copy into fresh memory). A connection left midway is closed, so
+        the next one starts clean."""
         pool = server.connection_pool
         try:
             connection = pool.get_connection()
@@ -334,10 +347,7 @@ class RedisBackend(ChunkBackend):
                 for position, index in enumerate(indexes):
                     if sent < len(indexes) and sent - position <= window // 2:
                         upto = min(len(indexes), position + window)
-                        buffers = []
-                        for later in indexes[sent:upto]:
-                            buffers += pack(later, self._prefix + keys[later])
-                        send(sock, buffers)
+                        send(sock, (pack(i, self._prefix + keys[i]) for i in indexes[sent:upto]))
                         sent = upto
                     answers.append(read(replies, index))
             return answers

@@ -4,8 +4,8 @@ comes back into it, with no copy in between.
 redis-py packs a command's arguments into one new bytes object, and reads a reply into its buffer,
 hiredis's and then a new bytes object: for chunks of megabytes those copies, and the page faults of
 allocating them, cost more than the socket. Here a `SET` is its RESP prefix, the chunk's header and
-the row as they lie, handed to the kernel in one `sendmsg` for many commands (TLS sockets take them
-one `sendall` each), and a `GET`'s value is read with `recv_into` straight into the row. The
+the row as they lie, handed to the kernel by one `sendmsg` for about 4 MiB of commands (TLS sockets take
+them one `sendall` each), and a `GET`'s value is read with `recv_into` straight into the row. The
 connection itself (its pool, TLS, AUTH and ACL, the database, a cluster's nodes) stays redis-py's:
 only commands and replies pass here, on a connection that has nothing else under way.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError
 
@@ -26,12 +26,15 @@ BUFFER_BYTES = 1 << 16
 there is read into its destination directly."""
 IOV_MAX = 512
 """Buffers handed to one `sendmsg` (Linux takes 1024)."""
+SEND_BYTES = 4 << 20
+"""Bytes of commands written by one system call: about what the kernel's send buffer holds (4 MiB
+by default on Linux), so the server has the last group to read while the next is packed."""
 _REDIRECTS = {b"MOVED": MovedError, b"ASK": AskError}
 
 
-def command(*arguments: bytes) -> bytes:
-    """A command of small arguments, packed."""
-    return b"*%d\r\n%s" % (len(arguments), _bulk_strings(arguments))
+def command(*arguments: bytes) -> list[bytes]:
+    """A command of small arguments, packed into one buffer."""
+    return [b"*%d\r\n%s" % (len(arguments), _bulk_strings(arguments))]
 
 
 def set_command(key: bytes, header: bytes, payload: memoryview, ttl_ms: int | None) -> list:
@@ -49,14 +52,31 @@ def _bulk_strings(arguments: Sequence[bytes]) -> bytes:
     return b"".join(b"$%d\r\n%s\r\n" % (len(argument), argument) for argument in arguments)
 
 
-def send(sock: socket.socket, buffers: Sequence[bytes | memoryview]) -> None:
-    """Write every buffer, in order: `sendmsg` where the socket takes it (a plain one), many
-    buffers a call, resuming where the kernel stopped; `sendall` each on a TLS socket."""
-    if not _plain(sock):
+def send(sock: socket.socket, commands: Iterable[Sequence[bytes | memoryview]]) -> None:
+    """Write the commands' buffers, in order, about SEND_BYTES a system call. `commands` may be
+    lazy: the next group is then packed (a store's checksums taken) while the server still reads
+    the last one out of the socket's buffer."""
+    group: list[memoryview] = []
+    size = 0
+    for buffers in commands:
         for buffer in buffers:
-            sock.sendall(buffer)
+            view = memoryview(buffer).cast("B")
+            group.append(view)
+            size += view.nbytes
+        if size >= SEND_BYTES:
+            _send_all(sock, group)
+            group, size = [], 0
+    if group:
+        _send_all(sock, group)
+
+
+def _send_all(sock: socket.socket, views: list[memoryview]) -> None:
+    """Write every view, in order: `sendmsg` where the socket takes it (a plain one), IOV_MAX
+    views a call, resuming where the kernel stopped; `sendall` each on a TLS socket."""
+    if not _plain(sock):
+        for view in views:
+            sock.sendall(view)
         return
-    views = [memoryview(buffer).cast("B") for buffer in buffers]
     first = 0
     while first < len(views):
         sent = sock.sendmsg(views[first : first + IOV_MAX])

@@ -12,7 +12,8 @@ import pytest
 import redis
 from redis.exceptions import AuthenticationError
 
-from numbakv.tiers import ChunkTier
+from numbakv.tiers import ChunkTier, resp
+from numbakv.tiers import redis as redis_backend
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.redis import RedisBackend, RedisSettings, redacted
 from tests.support.redis_servers import (
@@ -83,6 +84,36 @@ def test_stores_and_loads_spread_over_their_own_stripes(server, monkeypatch, str
     assert run(chunk_tier, chunk_tier.submit_load, 2, keys, range(64, 128)).success
     assert spreads == [stripes, read_stripes]
     np.testing.assert_array_equal(rows[64:], rows[:64])
+    chunk_tier.close()
+
+
+def test_a_store_goes_out_whole_before_its_first_reply_is_read(server, monkeypatch):
+    """A batch's stores stream out, about SEND_BYTES a system call, without waiting on their
+    replies; its loads ask for WINDOW_BYTES of values, and for more when half have come."""
+    events = []
+    send_all, reply, value_into = resp._send_all, resp.Replies.reply, resp.Replies.value_into
+
+    def logged(name, call):
+        def log(*args):
+            events.append(name)
+            return call(*args)
+
+        return log
+
+    monkeypatch.setattr(resp, "_send_all", logged("send", send_all))
+    monkeypatch.setattr(resp.Replies, "reply", logged("reply", reply))
+    monkeypatch.setattr(resp.Replies, "value_into", logged("value", value_into))
+    monkeypatch.setattr(resp, "SEND_BYTES", 3 * CHUNK_BYTES)
+    monkeypatch.setattr(redis_backend, "WINDOW_BYTES", 4 * CHUNK_BYTES)
+    rows, keys = pool(40, 5), [b"stream-%d" % i for i in range(20)]
+    chunk_tier = tier(server.url, rows)
+    assert run(chunk_tier, chunk_tier.submit_store, 1, keys, range(20)).success
+    assert events == ["send"] * 7 + ["reply"] * 20  # 3 chunks a system call
+    events.clear()
+    assert run(chunk_tier, chunk_tier.submit_load, 2, keys, range(20, 40)).success
+    # 4 asked for, then 2 more each time 2 have come, until all 20 are asked for
+    assert events == ["send", "value", "value"] * 9 + ["value", "value"]
+    np.testing.assert_array_equal(rows[20:], rows[:20])
     chunk_tier.close()
 
 

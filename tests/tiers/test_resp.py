@@ -8,6 +8,7 @@ import random
 import pytest
 import redis
 
+from numbakv.tiers import resp
 from numbakv.tiers.resp import Replies, command, send, set_command, whole_reads
 from tests.support.redis_servers import needs_redis, redis_server
 
@@ -25,8 +26,10 @@ def server(tmp_path_factory):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_values_go_out_and_come_back_in_place_byte_for_byte(server, seed):
+def test_values_go_out_and_come_back_in_place_byte_for_byte(server, seed, monkeypatch):
     rng = random.Random(seed)
+    # Commands written one a system call, a few at a time, or all in one.
+    monkeypatch.setattr(resp, "SEND_BYTES", [1, 100_000, 4 << 20][seed % 3])
     client = redis.Redis.from_url(server.url, protocol=2)
     sizes = rng.sample(SIZES, len(SIZES))
     keys = [b"resp-%d-%d" % (seed, number) for number in range(len(sizes))]
@@ -35,11 +38,11 @@ def test_values_go_out_and_come_back_in_place_byte_for_byte(server, seed):
     connection = client.connection_pool.get_connection()
     try:
         with whole_reads(connection._sock) as flags:
-            buffers = []
-            for key, value in zip(keys, values):
-                header, payload = value[:HEADER], memoryview(value[HEADER:])
-                buffers += set_command(key, header, payload, ttl)
-            send(connection._sock, buffers)
+            sets = (
+                set_command(key, value[:HEADER], memoryview(value[HEADER:]), ttl)
+                for key, value in zip(keys, values)
+            )
+            send(connection._sock, sets)
             replies = Replies(connection._sock, flags)
             assert [replies.reply() for _ in keys] == [b"OK"] * len(keys)
             # Rows shorter, as long as and longer than what was stored; a key never stored; a
