@@ -3,7 +3,7 @@
 Each row source (`ROW_SOURCES`) moves the same chunks, the rows of one page-aligned host pool of
 random bytes (as pinned host memory is), to its store and back, in jobs of `--job-chunks` chunks,
 and reports GB/s per direction (median of `--repeats` rounds, each into a fresh directory; the
-sources' runs alternate within a round):
+sources' runs alternate within a round, in a new order each round):
 - `dd`: one file of the same bytes, `oflag=direct` / `iflag=direct`, bs = one chunk: what the
   file system delivers to one sequential stream with the page cache bypassed;
 - `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk);
@@ -26,6 +26,7 @@ import dataclasses
 import json
 import mmap
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -211,8 +212,9 @@ moment of the machine falls on each alike."""
 def measure(setup: Setup, sources: list[str]) -> list[dict]:
     """`setup.repeats` rounds of one run per source; a row per source and direction (medians)."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
+    shuffler = random.Random(0)  # a new order each round: no source always follows another
     for _ in range(setup.repeats):
-        for name in list(runs):
+        for name in shuffler.sample(list(runs), len(runs)):
             try:
                 runs[name].append(ROW_SOURCES[name](setup))
             except SourceUnavailable as why:
@@ -295,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in settings:
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
-    root = Path(tempfile.mkdtemp(prefix="tier-bandwidth-", dir=args.dir))
+    root = Path(tempfile.mkdtemp(prefix="tier-bandwidth-", dir=args.dir.resolve()))
     lmcache = LMCacheBaseline(args.lmcache_python) if args.lmcache_python else None
     try:
         setup = Setup(
