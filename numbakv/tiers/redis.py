@@ -46,8 +46,15 @@ from numbakv.tiers.settings import redacted, settings_from
 
 logger = logging.getLogger("numbakv.tiers")
 
-SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
-"""The URL schemes taken, and what each is to the client (a Valkey server speaks Redis's protocol)."""
+SCHEMES = {
+    "redis": "redis",
+    "rediss": "rediss",
+    "valkey": "redis",
+    "valkeys": "rediss",
+    "unix": "unix",
+}
+"""The URL schemes taken, and what each is to the client (a Valkey server speaks Redis's protocol;
+unix:// is a server on this host, over its Unix socket)."""
 TLS_URL_OPTIONS = (
     "ssl_ca_certs",
     "ssl_ca_path",
@@ -57,7 +64,11 @@ TLS_URL_OPTIONS = (
     "ssl_check_hostname",
     "ssl_min_version",
 )
-"""The client's TLS options a URL's query may carry (`?ssl_ca_certs=PATH`)."""
+"""The client's TLS options a redis:// or rediss:// URL's query may carry (`?ssl_ca_certs=PATH`)."""
+UNIX_URL_OPTIONS = ("db",)
+"""What a unix:// URL's query may carry: the database number (its path is the socket's)."""
+URL_OPTIONS = TLS_URL_OPTIONS + UNIX_URL_OPTIONS
+"""Every client option a URL's query may carry; `RedisSettings` checks which its scheme takes."""
 DEFAULT_PASSWORD_ENV = "NUMBAKV_REDIS_PASSWORD"
 WINDOW_BYTES = 2 << 20
 """Bytes of chunks a connection has asked for and not yet received (at least one chunk)."""
@@ -86,8 +97,9 @@ class RedisSettings:
     `url`: `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://` (the same for a Valkey
     server), with `user:password@` for AUTH/ACL or without it, the password then read from the
     environment variable named by `password_env` (never logged); its path is the database number
-    (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `cluster`: the URL names one
-    node of a Redis Cluster. `ttl_s`: every value expires after this many seconds (required
+    (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `unix:///PATH?db=N`: a
+    server on this host, over its Unix socket at PATH (no TCP stack between the two processes).
+    `cluster`: the URL names one node of a Redis Cluster (over TCP). `ttl_s`: every value expires after this many seconds (required
     against a server that refuses writes when full). `max_connections`: the pool's bound (per node
     in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
     stores is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server, at
@@ -119,14 +131,25 @@ class RedisSettings:
                 f"{redacted(self.url)!r}"
             )
         parts = urlsplit(self.url)
+        unix = parts.scheme == "unix"
+        if unix and not parts.path:
+            raise ValueError(
+                f"a unix:// url names the server's socket (unix:///run/redis.sock), got "
+                f"{redacted(self.url)!r}"
+            )
+        taken = UNIX_URL_OPTIONS if unix else TLS_URL_OPTIONS
         for option in parse_qs(parts.query, keep_blank_values=True):
-            if option not in TLS_URL_OPTIONS:
+            if option not in taken:
                 raise ValueError(
-                    f"unknown Redis URL option {option!r}; a URL's query takes numbakv's tier "
-                    f"settings (through open_tier) and {', '.join(TLS_URL_OPTIONS)}"
+                    f"unknown Redis URL option {option!r}; a {parts.scheme}:// URL's query takes "
+                    f"numbakv's tier settings (through open_tier) and {', '.join(taken)}"
                 )
         if not isinstance(self.cluster, bool):
             raise TypeError(f"cluster must be true or false, got {self.cluster!r}")
+        if self.cluster and unix:
+            raise ValueError(
+                "a Redis Cluster is reached over TCP: the url must be redis:// or rediss://"
+            )
         database = self.database
         if self.cluster and database != 0:
             raise ValueError(f"a Redis Cluster has database 0 only, the url names /{database}")
@@ -150,8 +173,17 @@ class RedisSettings:
 
     @property
     def database(self) -> int:
-        """The database number the URL's path names: `/N`, or 0 for none."""
-        path = unquote(urlsplit(self.url).path).strip("/")
+        """The database number the URL names: its path `/N` (`?db=N` for unix://), or 0 for none."""
+        parts = urlsplit(self.url)
+        if parts.scheme == "unix":
+            number = parse_qs(parts.query).get("db", ["0"])[-1]
+            if not number.isdigit():
+                raise ValueError(
+                    f"the url's db must be a database number (?db=0), got ?db={number} in "
+                    f"{redacted(self.url)}"
+                )
+            return int(number)
+        path = unquote(parts.path).strip("/")
         if not path:
             return 0
         if not path.isdigit():
@@ -165,7 +197,7 @@ class RedisSettings:
     def client_url(self) -> str:
         """The URL as the client takes it: valkey:// and valkeys:// spelled redis:// and rediss://."""
         scheme, _, rest = self.url.partition(":")
-        return f"{SCHEMES[scheme]}:{rest}"
+        return f"{SCHEMES[scheme.lower()]}:{rest}"
 
     @property
     def ttl_ms(self) -> int | None:

@@ -3,6 +3,8 @@
     dir:PATH, file:///PATH                        the disk tier (`DiskSettings`)
     redis://, rediss://, valkey://, valkeys://    a Redis or Valkey server (`RedisSettings`);
                                                   `?cluster=true`: a Redis Cluster, the URL one node
+    unix:///PATH?db=N                             a Redis or Valkey server on this host, over its
+                                                  Unix socket
 
 Settings come from the URL's query (`redis://host:6379/0?ttl_s=600&lookup_deadline_s=0.01`) and
 from keyword arguments, never one key both ways; every scheme also takes the tier's own
@@ -15,7 +17,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import numpy as np
 
@@ -62,6 +64,7 @@ REGISTRY: dict[str, BackendKind] = {
     "rediss": REDIS,
     "valkey": REDIS,
     "valkeys": REDIS,
+    "unix": REDIS,
 }
 """The backend of each URL scheme."""
 
@@ -69,7 +72,8 @@ REGISTRY: dict[str, BackendKind] = {
 @dataclass(frozen=True)
 class TierURL:
     """A tier's URL taken apart: its backend, and the settings its location and query give (as
-    their fields' types). A Redis URL keeps the query's TLS options, which the client reads."""
+    their fields' types). A Redis URL keeps the query's client options (TLS's, a unix:// URL's
+    database), which the client reads."""
 
     kind: BackendKind
     settings: dict[str, Any]
@@ -84,11 +88,11 @@ def parse_tier_url(url: str) -> TierURL:
     if kind is None:
         raise ValueError(
             "a tier's url must be dir:PATH or redis://HOST:PORT/DB (or file:///PATH, rediss://, "
-            f"valkey://, valkeys://), got {redacted(url)!r}"
+            f"valkey://, valkeys://, unix:///SOCKET), got {redacted(url)!r}"
         )
     parts = urlsplit(url)
     settings_type = kind.settings_type()
-    client_options = getattr(importlib.import_module(kind.module), "TLS_URL_OPTIONS", ())
+    client_options = getattr(importlib.import_module(kind.module), "URL_OPTIONS", ())
     settings, kept = {}, []
     for key, text in parse_qsl(parts.query, keep_blank_values=True):
         if key in client_options:
@@ -108,8 +112,8 @@ def parse_tier_url(url: str) -> TierURL:
         if path:
             settings[kind.location] = path
     else:
-        location = urlunsplit(parts._replace(query=urlencode(kept), fragment=""))
-        settings[kind.location] = location
+        query = f"?{urlencode(kept)}" if kept else ""  # as given, less numbakv's own settings
+        settings[kind.location] = url.partition("#")[0].partition("?")[0] + query
     return TierURL(kind, settings)
 
 

@@ -69,4 +69,6 @@ def redacted(url: object) -> str:
     if "@" in netloc:
         user = netloc.rsplit("@", 1)[0].split(":", 1)[0]
         netloc = f"{user}:***@{netloc.rsplit('@', 1)[1]}"
+    if not netloc and url.partition(":")[2].startswith("//"):  # unix:///PATH keeps its slashes
+        return f"{parts.scheme}://{parts.path}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

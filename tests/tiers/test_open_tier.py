@@ -178,11 +178,13 @@ def test_a_cluster_by_url_query(tmp_path):
         reader.close()
 
 
-def test_the_url_keeps_tls_options_for_the_client_and_takes_numbakvs():
+def test_the_url_keeps_the_clients_options_and_takes_numbakvs():
     parsed = parse_tier_url("rediss://u:p@h:6380/1?ssl_ca_certs=/ca.pem&ttl_s=600&io_threads=2")
     assert parsed.settings == {
         "ttl_s": 600.0,
         "io_threads": 2,
         "url": "rediss://u:p@h:6380/1?ssl_ca_certs=%2Fca.pem",
     }
+    parsed = parse_tier_url("unix:///run/valkey.sock?db=2&ttl_s=60")
+    assert parsed.settings == {"ttl_s": 60.0, "url": "unix:///run/valkey.sock?db=2"}
     assert os.fspath(parse_tier_url("file:///a%20b").settings["root_dir"]) == "/a b"

@@ -5,6 +5,9 @@ server and a three-primary cluster; faults made by killing, pausing, filling and
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -304,12 +307,39 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
         ({"url": "redis://h:1", "cluster": "yes"}, "cluster"),
         ({"url": "redis://h:1", "socket_timeout_s": -1}, "socket_timeout_s"),
         ({"url": "redis://h:1", "read_stripes": 0}, "read_stripes"),
+        ({"url": "redis://h:1/0?db=1"}, "'db'"),
+        ({"url": "unix://"}, "socket"),
+        ({"url": "unix:///run/redis.sock?db=one"}, "db"),
+        ({"url": "unix:///run/redis.sock?ssl_ca_certs=/ca.pem"}, "ssl_ca_certs"),
+        ({"url": "unix:///run/redis.sock", "cluster": True}, "TCP"),
         ({}, "url"),
     ],
 )
 def test_bad_settings_are_named(settings, named):
     with pytest.raises((ValueError, TypeError), match=named):
         RedisSettings.from_mapping(settings)
+
+
+def test_a_server_on_this_host_over_its_unix_socket(tmp_path):
+    """unix:///PATH?db=N: chunks shared byte-exact between two engines, in database N; a socket
+    nobody serves is a store down at start, served around."""
+    socket_dir = tempfile.mkdtemp(prefix="nkv-")  # a socket's path is at most 107 bytes
+    path = os.path.join(socket_dir, "redis.sock")
+    try:
+        with redis_server(str(tmp_path), "--unixsocket", path, "--unixsocketperm", "700") as server:
+            url = f"unix://{path}?db=2"
+            writer, reader = tier(url, pool(8, 21)), tier(url, pool(8, 22))
+            assert run(writer, writer.submit_store, 1, KEYS, range(8)).success
+            assert run(reader, reader.submit_load, 2, KEYS[::-1], range(8)).success
+            np.testing.assert_array_equal(reader._pool, writer._pool[::-1])
+            assert server.cli("-n", "2", "DBSIZE") == "8" and server.cli("DBSIZE") == "0"
+            writer.close()
+            reader.close()
+        down = tier(url, pool(2, 23))
+        assert down.contains(KEYS[:1]) == [False] and down.breaker_open
+        down.close()
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def test_a_cluster_that_does_not_answer_at_start_stops_the_engine_saying_so():
