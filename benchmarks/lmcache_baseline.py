@@ -60,6 +60,13 @@ class LMCacheBaseline:
         self, store: str, where: str, chunk_bytes: int, chunks: int, op: str, threads: int = 8
     ) -> float:
         """One batch's wall time: `op` ("write" or "read") of `chunks` chunks in `store`."""
+        return self.timing(store, where, chunk_bytes, chunks, op, threads)[0]
+
+    def timing(
+        self, store: str, where: str, chunk_bytes: int, chunks: int, op: str, threads: int = 8
+    ) -> tuple[float, float]:
+        """One batch's wall time and the CPU time LMCache's process spent meanwhile (every
+        thread), seconds."""
         request = {
             "store": store,
             "where": where,
@@ -72,7 +79,8 @@ class LMCacheBaseline:
         answer = self._process.stdout.readline()
         if not answer:
             raise RuntimeError(f"LMCache's baseline stopped: {request} {op}")
-        return json.loads(answer)["seconds"]
+        answer = json.loads(answer)
+        return answer["seconds"], answer["cpu_seconds"]
 
     def close(self) -> None:
         self._process.stdin.close()
@@ -132,10 +140,10 @@ class Store:
             memory_obj.tensor.view(torch.uint8).view(-1).copy_(data)
             self.stored.append(data)
 
-    def write(self) -> float:
+    def write(self) -> tuple[float, float]:
         if self.disk:  # LMCache's disk store skips a key it holds: forget them first, unclocked
             self.backend.batched_remove(self.keys, force=True)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         if self.disk:
             done = threading.Semaphore(0)
             self.backend.batched_submit_put_task(
@@ -147,20 +155,20 @@ class Store:
             for memory_obj in self.objects:  # a put lets go of its reference: keep them
                 memory_obj.ref_count_up()
             self._run(self.backend.batched_put(self.keys, self.objects))
-        return time.perf_counter() - started
+        return time.perf_counter() - started, time.process_time() - cpu_started
 
-    def read(self) -> float:
-        started = time.perf_counter()
+    def read(self) -> tuple[float, float]:
+        started, cpu_started = time.perf_counter(), time.process_time()
         if self.disk:
             loaded = self.backend.batched_get_blocking(self.keys)
         else:
             loaded = self._run(self._get_all())
-        seconds = time.perf_counter() - started
+        timing = time.perf_counter() - started, time.process_time() - cpu_started
         for stored, found in zip(self.stored, loaded):
             if found is None or not torch.equal(found.tensor.view(torch.uint8).view(-1), stored):
                 raise RuntimeError("LMCache loaded bytes that differ from the stored ones")
             found.ref_count_down()
-        return seconds
+        return timing
 
     async def _get_all(self) -> list:
         """One batched get where the connector has it, else every get at once (`redis://`)."""
@@ -184,8 +192,8 @@ def main() -> int:
         name = (request["store"], request["where"], request["chunk_bytes"], request["chunks"])
         if name not in stores:
             stores[name] = Store(request, loop)
-        seconds = getattr(stores[name], request["op"])()
-        print(json.dumps({"seconds": seconds}), flush=True)
+        seconds, cpu_seconds = getattr(stores[name], request["op"])()
+        print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds}), flush=True)
     return 0
 
 

@@ -10,7 +10,10 @@ redis-py's pipelined SET/GET alone over the same connections on the same kind of
 numbakv >= 90 % of redis-py's rate both ways) and, with `--lmcache-python` (the Python of an
 environment with LMCache 0.5.6, benchmarks/lmcache_baseline.py), by LMCache's `resp://` (its
 native client) and `redis://` connectors on the same server. Every source takes its turn in each
-round; a figure is the median of `--repeats` rounds. Then the wall time of `ChunkTier.contains`
+round; a figure is the median of `--repeats` rounds. Beside each rate, the CPU seconds a GB its
+client spent (this process's threads, or LMCache's process) and the server (its own counters, from
+INFO): on a machine of few cores the two share them, so what one spends the other waits for. Then
+the wall time of `ChunkTier.contains`
 for a 64-chunk prefix (what its caller waits at most), with the server up, paused and down
 (target: p99 <= 1 ms up, <= the lookup deadline paused or down). With vLLM installed, also what
 vLLM's scheduler thread spends in `NumbaKVRedisTier` per step for that prefix: 64 `lookup` calls
@@ -90,11 +93,13 @@ def median_seconds(actions: dict[str, Callable[[], float]], repeats: int) -> dic
     return {name: statistics.median(seconds) for name, seconds in runs.items()}
 
 
-def timed(action: Callable[[], None]) -> Callable[[], float]:
-    def run() -> float:
-        started = time.perf_counter()
+def timed(action: Callable[[], None]) -> Callable[[], tuple[float, float]]:
+    """`action` timed: its wall seconds, and the CPU seconds this process (every thread) spent."""
+
+    def run() -> tuple[float, float]:
+        started, cpu_started = time.perf_counter(), time.process_time()
         action()
-        return time.perf_counter() - started
+        return time.perf_counter() - started, time.process_time() - cpu_started
 
     return run
 
@@ -198,28 +203,52 @@ def bandwidth_row(
             pipe.get(key)
         assert all(value is not None for value in pipe.execute())
 
-    def on_io_thread(action: Callable[[], None]) -> Callable[[], float]:
+    def on_io_thread(action: Callable[[], None]) -> Callable[[], tuple[float, float]]:
         # Where the tier's jobs run: threads differ in more than their name (glibc gives each
         # its own malloc arena, which decides whether a freed 1 MiB value's pages are reused).
         return timed(lambda: tier._io_threads.submit(action).result())
 
-    actions = {name: timed(job) for name, job in tier_jobs(tier, keys).items()}
-    actions |= {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
+    cpu: dict[str, list[tuple[float, float]]] = {}
+
+    def server_cpu_seconds() -> float:
+        used = client.info("cpu")
+        return used["used_cpu_user"] + used["used_cpu_sys"]
+
+    def costed(name: str, action: Callable[[], tuple[float, float]]) -> Callable[[], float]:
+        """`action` (its seconds and its client's CPU seconds), the server's CPU seconds taken
+        around it; both CPU times kept in `cpu[name]`, the wall seconds returned."""
+
+        def run() -> float:
+            before = server_cpu_seconds()
+            seconds, client_cpu = action()
+            cpu.setdefault(name, []).append((client_cpu, server_cpu_seconds() - before))
+            return seconds
+
+        return run
+
+    sources = {name: timed(job) for name, job in tier_jobs(tier, keys).items()}
+    sources |= {"raw_write": on_io_thread(raw_set), "raw_read": on_io_thread(raw_get)}
     if lmcache is not None:
         address = urlsplit(url).netloc
         for store, where in (("resp", f"resp://{address}"), ("redis", url)):
             for op in ("write", "read"):
-                actions[f"lmcache_{store}_{op}"] = partial(
-                    lmcache.seconds, store, where, chunk_bytes, chunks, op
+                sources[f"lmcache_{store}_{op}"] = partial(
+                    lmcache.timing, store, where, chunk_bytes, chunks, op
                 )
+    actions = {name: costed(name, source) for name, source in sources.items()}
     for name in ("write", "raw_write", "lmcache_resp_write", "lmcache_redis_write"):
         if name in actions:  # the keys exist before anything is timed, for every source
             actions[name]()
+    cpu.clear()
     seconds = median_seconds(actions, repeats)
     client.delete(*raw_keys)
     tier.close()
     rate = {name: chunks * chunk_bytes / s / 1e9 for name, s in seconds.items()}
     row = {"source": "redis", "chunk_bytes": chunk_bytes, "chunks_per_job": chunks}
+    gigabytes = chunks * chunk_bytes / 1e9
+    for name, costs in cpu.items():
+        row[f"{name}_client_cpu_s_per_gb"] = statistics.median(c for c, _ in costs) / gigabytes
+        row[f"{name}_server_cpu_s_per_gb"] = statistics.median(s for _, s in costs) / gigabytes
     for direction in ("write", "read"):
         row[f"{direction}_gbps"] = rate[direction]
         row[f"raw_{direction}_gbps"] = rate[f"raw_{direction}"]
@@ -322,6 +351,27 @@ def print_tables(rows: list[dict]) -> None:
                 for store in ("resp", "redis"):
                     rate = row.get(f"lmcache_{store}_{direction}_gbps")
                     cells.append(f"{rate:>6.2f}" if rate is not None else f"{'-':>6}")
+            print(" ".join(cells))
+    sources = [
+        ("numbakv", ""),
+        ("redis-py", "raw_"),
+        ("resp", "lmcache_resp_"),
+        ("redis", "lmcache_redis_"),
+    ]
+    print("\nCPU seconds a GB, client / server (medians of the rounds):")
+    print(
+        f"{'chunk':>8} "
+        + " ".join(f"{f'{name} {op}':>15}" for name, _ in sources for op in ("write", "read"))
+    )
+    for row in rows:
+        if "chunk_bytes" in row:
+            cells = [f"{row['chunk_bytes'] >> 10:>5}KiB"]
+            for _, prefix in sources:
+                for op in ("write", "read"):
+                    client = row.get(f"{prefix}{op}_client_cpu_s_per_gb")
+                    server = row.get(f"{prefix}{op}_server_cpu_s_per_gb")
+                    cell = "-" if client is None else f"{client:.2f} / {server:.2f}"
+                    cells.append(f"{cell:>15}")
             print(" ".join(cells))
     print(f"\n{'source':15} {'store':8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'deadline':>9}")
     for row in rows:
