@@ -91,7 +91,7 @@ class Staging:
         offset = segments[0] * self._chunk_bytes  # of the job's part in a host block
         for first in range(0, count, self.capacity):
             pairs = min(self.capacity, count - first)
-            np.take(self._block_addresses, host_ids[first : first + pairs], out=addresses[:pairs])
+            self._block_addresses.take(host_ids[first : first + pairs], out=addresses[:pairs])
             if offset:
                 addresses[:pairs] += offset
             if self.direction is Direction.STORE:
