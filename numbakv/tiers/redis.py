@@ -97,20 +97,20 @@ class RedisSettings:
     `url`: `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://` (the same for a Valkey
     server), with `user:password@` for AUTH/ACL or without it, the password then read from the
     environment variable named by `password_env` (never logged); its path is the database number
-    (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `unix:///PATH?db=N`: a
-    server on this host, over its Unix socket at PATH (no TCP stack between the two processes).
-    `cluster`: the URL names one node of a Redis Cluster (over TCP). `ttl_s`: every value expires after this many seconds (required
-    against a server that refuses writes when full). `max_connections`: the pool's bound (per node
-    in a cluster). `stripes`: the connections, each on a thread of its own, that one batch of
-    stores is spread over (at least STRIPE_BYTES of chunks a stripe) on a standalone server, at
-    most `max_connections` - 1 (one connection is left for lookups); one by default: a batch's
-    stores stream out without waiting for their replies, so one connection keeps the server
-    busy, and more threads only take turns on the client's cores (raise it where the client has
-    cores to spare and the link outruns what one core copies). `read_stripes`: the same for a
-    batch of loads, two by default: a connection waits for the values it asked for
-    (WINDOW_BYTES at a time), and a second one fills that wait. `socket_timeout_s`: how long
-    one batch may wait on the server before the store counts as unreachable;
-    `connect_timeout_s` the same for connecting.
+    (`/0` by default), its query only TLS options (`TLS_URL_OPTIONS`). `unix:///PATH?db=N`: a server
+    on this host, over its Unix socket at PATH (no TCP stack between the two processes). `cluster`:
+    the URL names one node of a Redis Cluster (over TCP). `ttl_s`: every value expires after this
+    many seconds (required against a server that refuses writes when full). `max_connections`: the
+    pool's bound (per node in a cluster). `stripes`: the connections, each on a thread of its own,
+    that one batch of stores is spread over (at least STRIPE_BYTES of chunks a stripe) on a
+    standalone server, at most `max_connections` - 1 (one connection is left for lookups); one by
+    default: a batch's stores stream out without waiting for their replies, so one connection keeps
+    the server busy, and more threads only take turns on the client's cores (raise it where the
+    client has cores to spare and the link outruns what one core copies). `read_stripes`: the same
+    for a batch of loads, two by default: a connection waits for the values it asked for
+    (WINDOW_BYTES at a time), and a second one fills that wait. `socket_timeout_s`: how long one
+    batch may wait on the server before the store counts as unreachable; `connect_timeout_s` the
+    same for connecting.
     """
 
     url: str
