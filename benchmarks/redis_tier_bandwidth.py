@@ -8,19 +8,18 @@ Rows: for each chunk size, the bytes per second numbakv's tier (`open_tier`: hea
 checks, its own threads) writes and reads in jobs of 64 MiB, beside the same payloads moved by
 redis-py's pipelined SET/GET alone over the same connections on the same kind of thread (target:
 numbakv >= 90 % of redis-py's rate both ways) and, with `--lmcache-python` (the Python of an
-environment with LMCache 0.5.6, benchmarks/lmcache_baseline.py), by LMCache's `resp://` (its
-native client) and `redis://` connectors on the same server. Every source takes its turn in each
-round; a figure is the median of `--repeats` rounds. Beside each rate, the CPU seconds a GB its
-client spent (this process's threads, or LMCache's process) and the server (its own counters, from
-INFO): on a machine of few cores the two share them, so what one spends the other waits for. Then
-the wall time of `ChunkTier.contains`
-for a 64-chunk prefix (what its caller waits at most), with the server up, paused and down
-(target: p99 <= 1 ms up, <= the lookup deadline paused or down). With vLLM installed, also what
-vLLM's scheduler thread spends in `NumbaKVRedisTier` per step for that prefix: 64 `lookup` calls
-and `on_schedule_end`, the step that sends the batched lookup and the step that finds its
-answers. Without `--url` it starts its own redis-server on a free loopback port (Debian package
-redis-server). `redis_rows` is a row source: one backend's rows, as a list of dicts, for a script
-that compares tiers.
+environment with LMCache 0.5.6, benchmarks/lmcache_baseline.py), by LMCache's `resp://` (its native
+client) and `redis://` connectors on the same server. Every source takes its turn in each round, in
+a new order each round; a figure is the median of `--repeats` rounds. Beside each rate, the CPU
+seconds a GB its client spent (this process's threads, or LMCache's process) and the server (its own
+counters, from INFO): on a machine of few cores the two share them, so what one spends the other
+waits for. Then the wall time of `ChunkTier.contains` for a 64-chunk prefix (what its caller waits
+at most), with the server up, paused and down (target: p99 <= 1 ms up, <= the lookup deadline paused
+or down). With vLLM installed, also what vLLM's scheduler thread spends in `NumbaKVRedisTier` per
+step for that prefix: 64 `lookup` calls and `on_schedule_end`, the step that sends the batched
+lookup and the step that finds its answers. Without `--url` it starts its own redis-server on a free
+loopback port (Debian package redis-server). `redis_rows` is a row source: one backend's rows, as a
+list of dicts, for a script that compares tiers.
 """
 
 from __future__ import annotations
