@@ -2,15 +2,15 @@
 copy engines instead of the SMs.
 
 A staged store runs the gather kernel into a contiguous staging buffer in device memory (the job's
-part of each host block, in the job's pair order, at HBM speed), then one batched copy
-(`BatchCopy`, one driver call) moves each packed part to its host block; a staged load copies the
-host blocks' parts into the buffer, then runs the scatter kernel out of it. The kernels are the
-zero-copy path's own: the buffer stands where the host pool stood, and the job's "host ids" become
-positions in the buffer. A job's part of a block is every segment, or the segments of the layers
-it names (`use`, then `queue`): the buffer then packs more blocks a round. A job larger than the buffer moves in
-rounds of `capacity` blocks, one after the other on the lane's stream. Everything is allocated
-once per lane; a round costs two driver calls and one NumPy pass over its host ids (a lookup in a
-table of the pool's block addresses), whatever its blocks and layers.
+part of each host block, in the job's pair order, at HBM speed), then one batched copy (`BatchCopy`,
+one driver call) moves each packed part to its host block; a staged load copies the host blocks'
+parts into the buffer, then runs the scatter kernel out of it. The kernels are the zero-copy path's
+own: the buffer stands where the host pool stood, and the job's "host ids" become positions in the
+buffer. A job's part of a block is every segment, or the segments of the layers it names (`use`,
+then `queue`): the buffer then packs more blocks a round. A job larger than the buffer moves in
+rounds of `capacity` blocks, one after the other on the lane's stream. Everything is allocated once
+per lane; a round costs two driver calls and one NumPy pass over its host ids (a lookup in a table
+of the pool's block addresses), whatever its blocks and layers.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
      "tier": "redis://host:6379/0", "lookup_deadline_s": 0.005}
 
 The first four are SGLang's own. `tier` is the URL `numbakv.tiers.open_tier` opens (`dir:PATH`,
-`redis://`, `rediss://`, `valkey://`, `unix:///PATH`, `?cluster=true`); `staging_bytes` bounds the rows a batch is
-copied through where pages cannot be read in place; every other key is the tier's (its query's keys
-may be given here instead: `bytes_to_use`, `ttl_s`, `lookup_deadline_s`, ...).
+`redis://`, `rediss://`, `valkey://`, `unix:///PATH`, `?cluster=true`); `staging_bytes` bounds the
+rows a batch is copied through where pages cannot be read in place; every other key is the tier's
+(its query's keys may be given here instead: `bytes_to_use`, `ttl_s`, `lookup_deadline_s`, ...).
 """
 
 from __future__ import annotations
