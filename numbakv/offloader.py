@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import count
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -29,6 +30,7 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.specs import BlockHash
 
 if TYPE_CHECKING:
+    from numbakv.datapath import KVLayout
     from numbakv.tiers import ChunkTier
 
 logger = logging.getLogger("numbakv.offloader")
@@ -38,6 +40,8 @@ OffloadMode = Literal["eager", "lazy"]
 
 class Transfers(Protocol):
     """What the offloader needs of a transfer engine (numbakv.datapath.TransferEngine has it)."""
+
+    layout: KVLayout
 
     @property
     def num_host_blocks(self) -> int: ...
@@ -51,6 +55,8 @@ class Transfers(Protocol):
         gpu_ids: np.ndarray,
         host_ids: np.ndarray,
         wait_event: Any = None,
+        *,
+        layers: range | None = None,
     ) -> None: ...
 
     def get_finished(self) -> list[FinishedJob]: ...
@@ -58,6 +64,18 @@ class Transfers(Protocol):
     def wait(self, job_id: Hashable) -> bool: ...
 
     def completion_event(self, job_id: Hashable) -> Any | None: ...
+
+
+@dataclass(eq=False)
+class _LayeredLoad:
+    """A load queued as one transfer job per group of layers, `(job id, group)` each; one job to
+    `poll`, `wait` and the manager, finished once its last group has landed."""
+
+    groups: list[range]
+    pending: set[int]  # groups whose transfer job has not been collected
+    nbytes: int = 0
+    seconds: float = 0.0
+    success: bool = True
 
 
 class KVOffloader:
@@ -101,6 +119,7 @@ class KVOffloader:
         self._finished: list[FinishedJob] = []
         # Engine jobs held until a demotion frees their slots: the demotion each waits for.
         self._waiting: dict[int, int] = {}
+        self._layered: dict[int, _LayeredLoad] = {}
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int | None:
         """How many leading blocks the host pool can load; None: ask again after a `poll`.
@@ -148,16 +167,27 @@ class KVOffloader:
         block_hashes: Sequence[BlockHash],
         gpu_block_ids: Sequence[int],
         wait_event: Any = None,
+        *,
+        layer_groups: Sequence[range] | None = None,
     ) -> int:
         """Bring these host blocks into the given GPU blocks; all must be ready (see `lookup`).
 
         `wait_event` holds the copy back until kernels the engine queued before it (which may
         still read the GPU blocks being overwritten) have run. `completion_event(job)` is what
         the engine's stream waits on before it reads the loaded blocks.
+
+        `layer_groups` loads layer by layer: consecutive ranges covering every layer from 0
+        (`[range(0, 1), range(1, 8), range(8, 32)]`), moved in that order, one after another.
+        `completion_event(job, layer=i)` is then the event of the group holding layer i, so the
+        engine's forward pass starts on the first layers while the later ones still cross the
+        link. The load is still one job to `poll`, `wait` and the manager.
         """
         gpu_ids = self._checked_gpu_ids(Direction.LOAD, block_hashes, gpu_block_ids)
+        groups = None if layer_groups is None else self._checked_layer_groups(layer_groups)
         spec = self.manager.prepare_load(block_hashes)
-        return self._submit(Direction.LOAD, list(block_hashes), gpu_ids, spec.block_ids, wait_event)
+        return self._submit(
+            Direction.LOAD, list(block_hashes), gpu_ids, spec.block_ids, wait_event, groups=groups
+        )
 
     def blocks_filled(
         self,
@@ -184,15 +214,20 @@ class KVOffloader:
             return self.store(block_hashes, gpu_block_ids, wait_event)
         return None
 
-    def _submit(self, direction, block_hashes, gpu_ids, host_ids, wait_event, plan=None) -> int:
-        """Hand the job to the transfer engine, or, when its host slots still hold evicted blocks
-        being demoted, once the demotion has finished (`_collect` does)."""
+    def _submit(
+        self, direction, block_hashes, gpu_ids, host_ids, wait_event, plan=None, groups=None
+    ) -> int:
+        """Hand the job to the transfer engine (a load by `groups` of layers, a job per group),
+        or, when a store's host slots still hold evicted blocks being demoted, once the demotion
+        has finished (`_collect` does)."""
         job_id = next(self._job_ids)
         try:  # host ids come from the manager, sized to the pool: the gpu ids are checked
             demotion = None
             if self._cascade is not None and plan is not None:
                 demotion = self._cascade.place(plan)
-            if demotion is None:
+            if groups is not None:
+                self._enqueue_layered(job_id, gpu_ids, host_ids, wait_event, groups)
+            elif demotion is None:
                 self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
             else:
                 self._waiting[job_id] = demotion
@@ -207,6 +242,51 @@ class KVOffloader:
             raise
         self._jobs[job_id] = (direction, block_hashes, host_ids)
         return job_id
+
+    def _enqueue_layered(self, job_id, gpu_ids, host_ids, wait_event, groups) -> None:
+        """A load's transfer jobs, one per group of layers. Jobs of one direction run in order on
+        the engine's stream, so only the first waits for `wait_event`. If one cannot be queued,
+        those queued before it are waited for and their reports dropped."""
+        self._layered[job_id] = _LayeredLoad(groups, set(range(len(groups))))
+        for group, layers in enumerate(groups):
+            try:
+                self.transfers.enqueue(
+                    (job_id, group),
+                    Direction.LOAD,
+                    gpu_ids,
+                    host_ids,
+                    wait_event if group == 0 else None,
+                    layers=layers,
+                )
+            except BaseException:
+                del self._layered[job_id]
+                for queued in range(group):
+                    self.transfers.wait((job_id, queued))
+                raise
+
+    def _checked_layer_groups(self, layer_groups: Sequence[range]) -> list[range]:
+        """`layer_groups` as a list, each a range the transfer engine can move alone, together
+        every layer from 0 in order; one line naming `layer_groups` otherwise."""
+        layout = self.transfers.layout
+        if isinstance(layer_groups, range) or not isinstance(layer_groups, Sequence):
+            raise TypeError(
+                "layer_groups must be a list of ranges of layers (consecutive, from 0), got "
+                f"{type(layer_groups).__name__}"
+            )
+        groups = list(layer_groups)
+        for position, layers in enumerate(groups):
+            try:
+                layout.layer_segments(layers)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"layer_groups[{position}]: {error}") from None
+        stops = [layers.stop for layers in groups]
+        starts = [layers.start for layers in groups]
+        if not groups or starts != [0, *stops[:-1]] or stops[-1] != layout.num_layers:
+            raise ValueError(
+                f"layer_groups must be consecutive ranges covering layers 0 to "
+                f"{layout.num_layers} in order, got {groups!r}"
+            )
+        return groups
 
     def _enqueue_waiting(self, job_id, direction, gpu_ids, host_ids, wait_event) -> None:
         del self._waiting[job_id]
@@ -227,7 +307,11 @@ class KVOffloader:
         """Block until the job finishes; returns its success. It is still reported by `poll`."""
         while job_id in self._jobs:
             demotion = self._waiting.get(job_id)
-            if demotion is None:
+            layered = self._layered.get(job_id)
+            if layered is not None:
+                for group in sorted(layered.pending):
+                    self.transfers.wait((job_id, group))
+            elif demotion is None:
                 self.transfers.wait(job_id)
             else:
                 self.tier.wait(demotion)  # its host slots' old blocks on their way down
@@ -287,7 +371,10 @@ class KVOffloader:
     def _collect(self) -> None:
         if self._cascade is not None:
             self._cascade.collect()
-        for job in self.transfers.get_finished():
+        for part in self.transfers.get_finished():
+            job = self._whole(part)
+            if job is None:
+                continue
             direction, block_hashes, host_ids = self._jobs.pop(job.job_id)
             written_through = (  # then ready once the tier has it
                 direction is Direction.STORE
@@ -299,19 +386,50 @@ class KVOffloader:
                 self._settle(direction, block_hashes, job.success)
             self._finished.append(job)
 
+    def _whole(self, part: FinishedJob) -> FinishedJob | None:
+        """The offloader's job `part` finishes, or None: a group of a layered load whose other
+        groups are still under way (or one queued before its load was refused)."""
+        if not isinstance(part.job_id, tuple):
+            return part
+        job_id, group = part.job_id
+        load = self._layered.get(job_id)
+        if load is None:
+            return None
+        load.pending.discard(group)
+        load.nbytes += part.nbytes
+        load.seconds = max(load.seconds, part.seconds)  # the groups run one after another
+        load.success &= part.success
+        if load.pending:
+            return None
+        del self._layered[job_id]
+        return FinishedJob(job_id, Direction.LOAD, load.success, load.nbytes, load.seconds)
+
     def _settle(self, direction: Direction, block_hashes: list, success: bool) -> None:
         if direction is Direction.STORE:
             self.manager.complete_store(block_hashes, success=success)
         else:
             self.manager.complete_load(block_hashes)
 
-    def completion_event(self, job_id: int) -> Any | None:
-        """What the compute stream waits on before it reads a load's blocks (None once done)."""
+    def completion_event(self, job_id: int, layer: int | None = None) -> Any | None:
+        """What the compute stream waits on before it reads a load's blocks (None once done).
+        `layer`, for a load by `layer_groups`: the event of the group holding that layer (the
+        last group's without it: every layer's)."""
+        num_layers = self.transfers.layout.num_layers
+        if layer is not None and not (isinstance(layer, int) and 0 <= layer < num_layers):
+            raise ValueError(f"layer must be a layer index in [0, {num_layers}), got {layer!r}")
         demotion = self._waiting.get(job_id)
         if demotion is not None:  # a store whose slots are being demoted: hand it over now
             self.tier.wait(demotion)
             self._collect()
-        return self.transfers.completion_event(job_id) if job_id in self._jobs else None
+        if job_id not in self._jobs:
+            return None
+        layered = self._layered.get(job_id)
+        if layered is None:
+            return self.transfers.completion_event(job_id)
+        groups = layered.groups
+        last = num_layers - 1 if layer is None else layer
+        group = next(position for position, layers in enumerate(groups) if last in layers)
+        return self.transfers.completion_event((job_id, group))
 
     def in_flight(self, job_id: int) -> bool:
         """Whether the job has not finished yet (as far as the last poll or wait saw)."""

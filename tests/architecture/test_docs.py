@@ -291,7 +291,9 @@ def run_example(doc: str, directory: Path) -> str:
 
 
 def test_the_offloader_example_runs_as_written(tmp_path):
-    assert run_example("OFFLOADER.md", tmp_path).strip() == "[('store', 3072), ('load', 2048)]"
+    assert run_example("OFFLOADER.md", tmp_path).strip() == (
+        "[('store', 3072), ('load', 2048), ('load', 3072)]"
+    )
 
 
 def test_the_tiers_example_runs_as_written(tmp_path):

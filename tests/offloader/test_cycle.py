@@ -30,6 +30,7 @@ class EngineInFront:
         self.engine = engine
 
     num_host_blocks = property(lambda self: self.engine.num_host_blocks)
+    layout = property(lambda self: self.engine.layout)
 
     def check_gpu_ids(self, direction, gpu_block_ids):
         return self.engine.check_gpu_ids(direction, gpu_block_ids)
@@ -44,11 +45,12 @@ class FlakyTransfers(EngineInFront):
     def __init__(self, engine, fail_jobs=(), refuse_jobs=()):
         super().__init__(engine)
         self.fail_jobs, self.refuse_jobs = set(fail_jobs), set(refuse_jobs)
+        self.waited = []
 
-    def enqueue(self, job_id, *args):
+    def enqueue(self, job_id, *args, **options):
         if job_id in self.refuse_jobs:
             raise RuntimeError(f"job {job_id} refused")
-        self.engine.enqueue(job_id, *args)
+        self.engine.enqueue(job_id, *args, **options)
 
     def get_finished(self):
         return [
@@ -57,6 +59,7 @@ class FlakyTransfers(EngineInFront):
         ]
 
     def wait(self, job_id):
+        self.waited.append(job_id)
         return self.engine.wait(job_id) and job_id not in self.fail_jobs
 
 
@@ -69,8 +72,8 @@ class HeldTransfers(EngineInFront):
         self.held, self.released = {}, set()
         self.wait_events = {}
 
-    def enqueue(self, job_id, direction, gpu_ids, host_ids, wait_event=None):
-        self.engine.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
+    def enqueue(self, job_id, direction, gpu_ids, host_ids, wait_event=None, *, layers=None):
+        self.engine.enqueue(job_id, direction, gpu_ids, host_ids, wait_event, layers=layers)
         self.wait_events[job_id] = wait_event
 
     def get_finished(self):
@@ -295,6 +298,98 @@ def test_a_load_waits_for_the_event_it_is_given(setup):
     load = offloader.load([1], [4], wait_event=compute)
     assert transfers.wait_events[load] is compute
     assert offloader.wait(load)
+
+
+def test_a_load_by_layer_groups_is_one_job_that_lands_group_by_group(setup):
+    """A job per group, the first held behind the compute stream, each with its own event;
+    while the second is in flight the load is too, and its blocks stay pinned; then one job is
+    reported, the whole blocks are back, and the blocks were pinned and counted once. (Which
+    bytes each group moves: tests/datapath/test_layers.py.)"""
+    cache, _, engine, manager = setup
+    transfers = HeldTransfers(engine)
+    offloader = KVOffloader(manager, transfers)
+    stored = cache.host_copies()
+    transfers.released.add(0)
+    offloader.wait(offloader.store([1, 2], [5, 1]))
+    offloader.poll()
+    cache.poison()
+    before = manager.stats()
+    compute = cuda.stream()
+    job = offloader.load([1, 2], [0, 7], compute, layer_groups=[range(1), range(1, 2)])
+    assert transfers.wait_events == {0: None, (job, 0): compute, (job, 1): None}
+    assert offloader.completion_event(job, layer=0) is engine.completion_event((job, 0))
+    assert offloader.completion_event(job) is engine.completion_event((job, 1))
+    transfers.released.add((job, 0))
+    assert offloader.poll() == [] and offloader.in_flight(job)
+    assert manager.stats().being_read == 2
+    assert offloader.wait(job)
+    [finished] = offloader.poll()
+    assert (finished.job_id, finished.success) == (job, True)
+    assert finished.nbytes == 2 * cache.layout.block_bytes
+    whole = cache.host_copies()
+    assert cache.block_bytes(whole, 0) == cache.block_bytes(stored, 5)
+    assert cache.block_bytes(whole, 7) == cache.block_bytes(stored, 1)
+    after = manager.stats()
+    assert after.being_read == 0 and after.loaded_blocks == before.loaded_blocks + 2
+
+
+def test_a_failed_group_fails_the_whole_load(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, FlakyTransfers(engine, fail_jobs={(1, 1)}))
+    offloader.wait(offloader.store([1], [5]))
+    job = offloader.load([1], [0], layer_groups=[range(1), range(1, 2)])
+    assert offloader.wait(job) is False
+    assert outcomes(offloader.poll()) == [(0, True), (job, False)]
+    assert manager.stats().being_read == 0
+
+
+def test_a_group_refused_midway_rolls_the_load_back_and_drops_its_queued_groups(setup):
+    """The group queued before the refusal is waited for (its copy still writes the GPU blocks
+    and reads the host blocks whose pins the rollback releases), and never reported."""
+    _, _, engine, manager = setup
+    transfers = FlakyTransfers(engine, refuse_jobs={(1, 1)})
+    offloader = KVOffloader(manager, transfers)
+    offloader.wait(offloader.store([1], [5]))
+    offloader.poll()
+    with pytest.raises(RuntimeError, match="refused"):
+        offloader.load([1], [0], layer_groups=[range(1), range(1, 2)])
+    assert transfers.waited[-1] == (1, 0)
+    assert offloader.poll() == [] and offloader.jobs_in_flight == 0
+    assert manager.stats().being_read == 0
+
+
+@pytest.mark.parametrize(
+    ("layer_groups", "error", "message"),
+    [
+        ([range(1)], ValueError, "covering layers 0 to 2"),
+        ([range(1, 2), range(1)], ValueError, "in order"),
+        ([range(2), range(1, 2)], ValueError, "consecutive"),
+        ([], ValueError, "covering"),
+        ([range(1), range(1, 3)], ValueError, r"layer_groups\[1\]: layers must be"),
+        ([range(0, 2, 2)], ValueError, r"layer_groups\[0\]"),
+        ([range(1), [1]], TypeError, r"layer_groups\[1\]"),
+        (range(2), TypeError, "list of ranges"),
+    ],
+)
+def test_bad_layer_groups_are_refused_before_the_manager_changes(
+    setup, layer_groups, error, message
+):
+    cache, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    offloader.wait(offloader.store([1], [5]))
+    offloader.poll()
+    before, gpu = manager.stats(), cache.host_copies()
+    with pytest.raises(error, match=message):
+        offloader.load([1], [0], layer_groups=layer_groups)
+    assert manager.stats() == before and offloader.jobs_in_flight == 0
+    assert [now.tobytes() for now in cache.host_copies()] == [then.tobytes() for then in gpu]
+
+
+def test_completion_event_refuses_a_layer_the_cache_has_not(setup):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    with pytest.raises(ValueError, match=r"layer must be a layer index in \[0, 2\), got 2"):
+        offloader.completion_event(0, layer=2)
 
 
 def test_completion_event_is_none_once_the_offloader_has_the_result(setup):
