@@ -1,9 +1,12 @@
 """The offloader's full cycle on the CUDA simulator, with failures injected."""
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from numba import cuda
 
 from numbakv import CPUOffloadingManager
@@ -20,7 +23,7 @@ from numbakv.tools.demo.core import (
     run,
 )
 from numbakv.tools.traces import read_hash_chains
-from tests.support.datapath_cases import make_cache, outcomes
+from tests.support.datapath_cases import make_cache, outcomes, small_engine
 
 
 class EngineInFront:
@@ -331,6 +334,48 @@ def test_a_load_by_layer_groups_is_one_job_that_lands_group_by_group(setup):
     assert cache.block_bytes(whole, 7) == cache.block_bytes(stored, 1)
     after = manager.stats()
     assert after.being_read == 0 and after.loaded_blocks == before.loaded_blocks + 2
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    loads=st.lists(
+        st.tuples(st.sets(st.integers(1, 3)), st.sets(st.integers(0, 3)), st.booleans()),
+        min_size=1,
+        max_size=4,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_layered_loads_against_whole_ones(loads, seed):
+    """Loads of random groups of 4 layers, each with random groups failing, the offloader polled
+    or waited: each load is reported once, failed exactly when a group failed, its bytes where a
+    whole load puts them when none did; the manager ends as whole loads leave it."""
+    rng = np.random.default_rng(seed)
+    cache = make_cache("flash_attn", rng, num_layers=4, num_blocks=8)
+    engine, _ = small_engine(cache, "staged", num_host_blocks=6)
+    transfers = FlakyTransfers(engine)
+    manager = CPUOffloadingManager(block_size=2, num_blocks=6)
+    offloader = KVOffloader(manager, transfers)
+    stored = cache.host_copies()
+    offloader.wait(offloader.store([1, 2, 3], [5, 6, 7]))
+    reported, expected = [], []
+    for cuts, failing_groups, polled in loads:
+        bounds = [0, *sorted(cuts), 4]
+        groups = [range(start, stop) for start, stop in itertools.pairwise(bounds)]
+        job = offloader.load([3, 1], [0, 1], layer_groups=groups)
+        transfers.fail_jobs.update((job, group) for group in failing_groups if group < len(groups))
+        expected.append((job, not any(group < len(groups) for group in failing_groups)))
+        if not polled:
+            offloader.wait(job)
+        reported += offloader.poll()
+        if expected[-1][1]:
+            loaded = cache.host_copies()
+            assert cache.block_bytes(loaded, 0) == cache.block_bytes(stored, 7)
+            assert cache.block_bytes(loaded, 1) == cache.block_bytes(stored, 5)
+    reported += offloader.drain()
+    assert outcomes(reported) == [(0, True), *expected]
+    assert all(job.nbytes == 2 * cache.layout.block_bytes for job in reported[1:])
+    stats = manager.stats()
+    assert (stats.being_read, stats.loaded_blocks) == (0, 2 * len(loads))
 
 
 def test_a_failed_group_fails_the_whole_load(setup):
