@@ -180,7 +180,8 @@ class KVOffloader:
         (`[range(0, 1), range(1, 8), range(8, 32)]`), moved in that order, one after another.
         `completion_event(job, layer=i)` is then the event of the group holding layer i, so the
         engine's forward pass starts on the first layers while the later ones still cross the
-        link. The load is still one job to `poll`, `wait` and the manager.
+        link. The load is still one job to `poll`, `wait` and the manager; to the transfer engine
+        each group is a job, which takes one of its `max_jobs_in_flight` slots.
         """
         gpu_ids = self._checked_gpu_ids(Direction.LOAD, block_hashes, gpu_block_ids)
         groups = None if layer_groups is None else self._checked_layer_groups(layer_groups)
