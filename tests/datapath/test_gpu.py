@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from numbakv import CPUOffloadingManager, KVOffloader
 from numbakv.datapath import HostPool, KVLayout, LayoutKind, TransferEngine
 from tests.support.datapath_cases import outcomes
 
@@ -253,6 +254,38 @@ def test_each_layer_range_is_read_after_its_own_load(torch, path):
             snapshot.view(torch.uint8).reshape(len(ids), -1).cpu().numpy(), expected
         )
     assert all(engine.wait(number) for number in range(len(starts)))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_offloader_load_by_layer_groups_is_read_group_by_group(torch, path):
+    """The same through KVOffloader: 16 blocks stored, then loaded into 16 others as one load of
+    four groups of 8 layers, held behind a sleeping stream; each group's layers, read right after
+    `completion_event(job, layer=...)`, are the stored bytes, and the load is reported once."""
+    tensors, _, engine = _setup(torch, path=path)
+    manager = CPUOffloadingManager(block_size=BLOCK_SIZE, num_blocks=NUM_HOST_BLOCKS)
+    offloader = KVOffloader(manager, engine)
+    sources, targets = np.arange(16), np.arange(16, 32)
+    hashes = [b"block-%d" % source for source in sources]
+    assert offloader.wait(offloader.store(hashes, sources))
+    stored = _blocks_as_bytes(torch, LayoutKind.FLASH_ATTN, tensors, sources)
+    index = torch.as_tensor(targets, device="cuda")
+    side, _ = _copies_behind_a_sleep(torch, [], [])
+    groups = [range(start, start + 8) for start in range(0, NUM_LAYERS, 8)]
+    job = offloader.load(hashes, targets, wait_event=side, layer_groups=groups)
+    read = []
+    for layers in groups:
+        offloader.completion_event(job, layer=layers.start).wait(_numba_stream(torch))
+        layer_slice = torch.stack(tensors[layers.start : layers.stop])
+        read.append(layer_slice[:, :, index].movedim(2, 0).contiguous())
+    layer_bytes = stored.shape[1] // NUM_LAYERS
+    for layers, snapshot in zip(groups, read):
+        np.testing.assert_array_equal(
+            snapshot.view(torch.uint8).reshape(len(targets), -1).cpu().numpy(),
+            stored[:, layers.start * layer_bytes : layers.stop * layer_bytes],
+        )
+    assert offloader.wait(job)
+    assert outcomes(offloader.poll())[-1] == (job, True)
+    assert manager.stats().being_read == 0
 
 
 def _span_ms(torch, action) -> float:
