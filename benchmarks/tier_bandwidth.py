@@ -13,7 +13,8 @@ sources' runs alternate within a round, in a new order each round):
 - `lmcache-disk`: LMCache 0.5.6's `LocalDiskBackend` with O_DIRECT, as many I/O threads, on
   chunks of the same size in its own memory (run with `--lmcache-python`, the Python of an
   environment with LMCache: benchmarks/lmcache_baseline.py; left out otherwise).
-Every load is checked byte for byte against what was stored. Prints a table and writes JSON.
+Every load is checked byte for byte against what was stored. Prints a table and writes JSON
+(`--out`, results/tier_bandwidth.json by default).
 
     python benchmarks/tier_bandwidth.py --dir /mnt/nvme/bench          # the full configuration
     python benchmarks/tier_bandwidth.py --smoke                         # a tiny check anywhere
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-chunks", type=int)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--repeats", type=int)
-    parser.add_argument("--json", type=Path, default=Path("tier_bandwidth.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/tier_bandwidth.json"))
     parser.add_argument(
         "--lmcache-python",
         help="the Python of an environment with LMCache 0.5.6, to time its LocalDiskBackend",
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{machine}; {settings}")
     print_table(rows)
-    args.json.write_text(
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
         json.dumps({"machine": machine, "settings": settings, "rows": rows}, indent=2)
     )
     return 0

@@ -14,7 +14,7 @@ def test_the_disk_benchmark_smoke_run_works_from_a_relative_directory(tmp_path):
     out = tmp_path / "tiers.json"
     finished = subprocess.run(
         [sys.executable, str(BENCHMARKS / "tier_bandwidth.py"), "--smoke", "--dir", "."]
-        + ["--json", str(out)],
+        + ["--out", str(out)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
