@@ -254,13 +254,35 @@ def with_dd_share(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def with_numbakv_by_round(rows: list[dict]) -> list[dict]:
+    """Each other source's row: numbakv's rate over its own, round by round (both ran in every
+    round), as the median and the rounds numbakv was ahead. A slow or busy moment of the machine
+    falls on one round, so this shows a steady difference that medians of each alone can hide."""
+    ours = {r["direction"]: r["runs_GB/s"] for r in rows if r["source"] == "numbakv-disk"}
+    for r in rows:
+        if r["source"] != "numbakv-disk" and r["direction"] in ours:
+            ratios = [a / b for a, b in zip(ours[r["direction"]], r["runs_GB/s"])]
+            r["numbakv / this, median of rounds"] = statistics.median(ratios)
+            r["rounds numbakv ahead"] = sum(ratio > 1 for ratio in ratios)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'source':<14} {'direction':<9} {'chunk':>9} {'chunks':>7} {'GB/s':>7} {'vs dd':>7}")
+    print(
+        f"{'source':<14} {'direction':<9} {'chunk':>9} {'chunks':>7} {'GB/s':>7} {'vs dd':>7}"
+        f"   numbakv / this, by round (rounds ahead)"
+    )
     for r in rows:
         share = f"{r['vs dd %']:.0f} %" if "vs dd %" in r else ""
+        paired = ""
+        if "rounds numbakv ahead" in r:
+            paired = (
+                f"{r['numbakv / this, median of rounds']:.2f} "
+                f"({r['rounds numbakv ahead']} of {len(r['runs_GB/s'])})"
+            )
         print(
             f"{r['source']:<14} {r['direction']:<9} {r['chunk_bytes']:>9,} {r['chunks']:>7}"
-            f" {r['GB/s']:>7.2f} {share:>7}"
+            f" {r['GB/s']:>7.2f} {share:>7}   {paired}"
         )
 
 
@@ -312,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         machine = (
             f"{platform.node()}, {platform.processor() or platform.machine()}, {file_system(root)}"
         )
-        rows = with_dd_share(measure(setup, args.sources))
+        rows = with_numbakv_by_round(with_dd_share(measure(setup, args.sources)))
     finally:
         if lmcache is not None:
             lmcache.close()

@@ -1,6 +1,7 @@
-"""The tier benchmarks' harness: the disk benchmark's smoke run from a relative directory, and the
-rounds in which every source takes its turn in a new order (what ran just before a source slows
-it on a small machine, so no source may keep one predecessor)."""
+"""The tier benchmarks' harness: the disk benchmark's smoke run from a relative directory, its
+round-by-round comparison, and the rounds in which every source takes its turn in a new order
+(what ran just before a source slows it on a small machine, so no source may keep one
+predecessor)."""
 
 import json
 import subprocess
@@ -49,3 +50,22 @@ def test_every_round_runs_each_source_once_in_a_new_order(monkeypatch):
     for name in names:
         places = sorted(place + 1 for place, called in enumerate(calls) if called == name)
         assert medians[name] == places[4]
+
+
+def test_the_disk_benchmark_compares_numbakv_round_by_round(monkeypatch):
+    """Each other source's row gets numbakv's rate over its own, round by round: the median of
+    the ratios and the rounds numbakv was ahead (dd's too; numbakv's own row gets neither)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from tier_bandwidth import with_numbakv_by_round
+
+    rows = with_numbakv_by_round(
+        [
+            {"source": "numbakv-disk", "direction": "load", "runs_GB/s": [2.0, 1.0, 3.0]},
+            {"source": "vllm-fs", "direction": "load", "runs_GB/s": [1.0, 2.0, 2.0]},
+            {"source": "vllm-fs", "direction": "store", "runs_GB/s": [1.0, 1.0, 1.0]},
+        ]
+    )
+    assert "rounds numbakv ahead" not in rows[0]
+    assert rows[1]["numbakv / this, median of rounds"] == 1.5  # of 2.0, 0.5 and 1.5
+    assert rows[1]["rounds numbakv ahead"] == 2
+    assert "rounds numbakv ahead" not in rows[2]  # numbakv has no store row to compare
