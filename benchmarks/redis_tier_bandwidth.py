@@ -78,8 +78,8 @@ def namespace(chunk_bytes: int) -> Namespace:
     )
 
 
-def median_seconds(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """The median of `repeats` runs of each action (each returns its own seconds), the actions
+def round_seconds(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """`repeats` runs of each action (each returns its own seconds), round by round, the actions
     taking turns in a new order each round (seeded): on a small machine what ran just before an
     action slows it or not (a large read before a write, up to a third on 2 cores), so no action
     keeps one place or one predecessor, and a machine busy now and idle later favours none."""
@@ -89,7 +89,7 @@ def median_seconds(actions: dict[str, Callable[[], float]], repeats: int) -> dic
         shuffler.shuffle(order)
         for name in order:
             runs[name].append(actions[name]())
-    return {name: statistics.median(seconds) for name, seconds in runs.items()}
+    return runs
 
 
 def timed(action: Callable[[], None]) -> Callable[[], tuple[float, float]]:
@@ -239,7 +239,8 @@ def bandwidth_row(
         if name in actions:  # the keys exist before anything is timed, for every source
             actions[name]()
     cpu.clear()
-    seconds = median_seconds(actions, repeats)
+    runs = round_seconds(actions, repeats)
+    seconds = {name: statistics.median(each) for name, each in runs.items()}
     client.delete(*raw_keys)
     tier.close()
     rate = {name: chunks * chunk_bytes / s / 1e9 for name, s in seconds.items()}
@@ -255,6 +256,14 @@ def bandwidth_row(
         for store in ("resp", "redis"):
             if f"lmcache_{store}_{direction}" in rate:
                 row[f"lmcache_{store}_{direction}_gbps"] = rate[f"lmcache_{store}_{direction}"]
+        if f"lmcache_resp_{direction}" in runs:  # numbakv's rate over resp://'s, round by round
+            ratios = [
+                theirs / ours
+                for ours, theirs in zip(runs[direction], runs[f"lmcache_resp_{direction}"])
+            ]
+            row[f"{direction}_over_resp_by_round"] = statistics.median(ratios)
+            row[f"{direction}_rounds_ahead_of_resp"] = sum(ratio > 1 for ratio in ratios)
+            row["rounds"] = len(ratios)
     return row
 
 
@@ -351,6 +360,17 @@ def print_tables(rows: list[dict]) -> None:
                     rate = row.get(f"lmcache_{store}_{direction}_gbps")
                     cells.append(f"{rate:>6.2f}" if rate is not None else f"{'-':>6}")
             print(" ".join(cells))
+    if any("write_over_resp_by_round" in row for row in rows):
+        print("\nnumbakv over LMCache's resp://, round by round: median (rounds numbakv was ahead)")
+        for row in rows:
+            if "write_over_resp_by_round" in row:
+                cells = [f"{row['chunk_bytes'] >> 10:>5}KiB"]
+                for direction in ("write", "read"):
+                    cells.append(
+                        f"{direction} {row[f'{direction}_over_resp_by_round']:.2f} "
+                        f"({row[f'{direction}_rounds_ahead_of_resp']} of {row['rounds']})"
+                    )
+                print("   ".join(cells))
     sources = [
         ("numbakv", ""),
         ("redis-py", "raw_"),
