@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
 
 from lmcache_baseline import LMCacheBaseline
+from rounds import by_round
 
 from numbakv.tiers import ChunkTier, Namespace, open_tier
 
@@ -257,13 +258,12 @@ def bandwidth_row(
             if f"lmcache_{store}_{direction}" in rate:
                 row[f"lmcache_{store}_{direction}_gbps"] = rate[f"lmcache_{store}_{direction}"]
         if f"lmcache_resp_{direction}" in runs:  # numbakv's rate over resp://'s, round by round
-            ratios = [
-                theirs / ours
-                for ours, theirs in zip(runs[direction], runs[f"lmcache_resp_{direction}"])
-            ]
-            row[f"{direction}_over_resp_by_round"] = statistics.median(ratios)
-            row[f"{direction}_rounds_ahead_of_resp"] = sum(ratio > 1 for ratio in ratios)
-            row["rounds"] = len(ratios)
+            median, ahead = by_round(
+                [1 / s for s in runs[direction]], [1 / s for s in runs[f"lmcache_resp_{direction}"]]
+            )
+            row[f"{direction}_over_resp_by_round"] = median
+            row[f"{direction}_rounds_ahead_of_resp"] = ahead
+            row["rounds"] = repeats
     return row
 
 

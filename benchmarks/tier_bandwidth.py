@@ -45,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmcache_baseline import LMCacheBaseline
+from rounds import by_round
 
 from numbakv.tiers import Namespace, open_tier
 
@@ -255,15 +256,14 @@ def with_dd_share(rows: list[dict]) -> list[dict]:
 
 
 def with_numbakv_by_round(rows: list[dict]) -> list[dict]:
-    """Each other source's row: numbakv's rate over its own, round by round (both ran in every
-    round), as the median and the rounds numbakv was ahead. A slow or busy moment of the machine
-    falls on one round, so this shows a steady difference that medians of each alone can hide."""
+    """Each other source's row: numbakv's rate over its own, round by round (`rounds.by_round`),
+    as the median and the rounds numbakv was ahead."""
     ours = {r["direction"]: r["runs_GB/s"] for r in rows if r["source"] == "numbakv-disk"}
     for r in rows:
         if r["source"] != "numbakv-disk" and r["direction"] in ours:
-            ratios = [a / b for a, b in zip(ours[r["direction"]], r["runs_GB/s"])]
-            r["numbakv / this, median of rounds"] = statistics.median(ratios)
-            r["rounds numbakv ahead"] = sum(ratio > 1 for ratio in ratios)
+            median, ahead = by_round(ours[r["direction"]], r["runs_GB/s"])
+            r["numbakv / this, median of rounds"] = median
+            r["rounds numbakv ahead"] = ahead
     return rows
 
 
