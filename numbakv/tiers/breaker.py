@@ -49,6 +49,12 @@ class CircuitBreaker:
             self._probing = True
             return True
 
+    def undecided(self) -> None:
+        """A call ended without saying whether the store is reachable (it raised something else):
+        a probe under way is given back, so the next call may probe again."""
+        with self._lock:
+            self._probing = False
+
     def succeeded(self) -> None:
         with self._lock:
             was_open = self._open_until is not None

@@ -369,6 +369,9 @@ class ChunkTier:
             with self._lock:
                 self._counters.unavailable += 1
             raise
+        except BaseException:
+            self._breaker.undecided()
+            raise
         self._breaker.succeeded()
         return result
 

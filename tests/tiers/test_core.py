@@ -321,6 +321,32 @@ def test_the_breaker_stops_calling_a_down_store_then_probes_and_closes(caplog):
     assert tier.counters.breaker_opens == 1 and tier.counters.unavailable == 8
 
 
+class BrokenProbe(CountingBackend):
+    """Unreachable, then one call that fails with something other than unreachability."""
+
+    broken = False
+
+    def _reach(self) -> None:
+        super()._reach()
+        if self.broken:
+            self.broken = False
+            raise ValueError("a reply the client could not parse")
+
+
+def test_a_probe_that_fails_otherwise_leaves_the_next_call_free_to_probe():
+    backend = BrokenProbe()
+    tier = tier_over(backend, breaker_cooldown_s=0.05)
+    backend.unavailable = True
+    assert tier.contains(KEYS) == [False] * 4 and tier.breaker_open
+    backend.unavailable, backend.broken = False, True
+    time.sleep(0.1)
+    assert tier.contains(KEYS) == [False] * 4  # the probe: it raised ValueError
+    assert backend.calls == 2 and tier.breaker_open
+    tier.submit_store(1, KEYS[:1], [0])  # the next call probes again, and closes the breaker
+    assert finished(tier)[1].success and not tier.breaker_open
+    assert tier.contains(KEYS[:1]) == [True]
+
+
 def test_latency_histograms_count_lookups_and_jobs():
     tier = tier_over(DictBackend())
     tier.submit_store(1, KEYS[:2], [0, 1])
