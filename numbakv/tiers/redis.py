@@ -42,7 +42,7 @@ from numbakv.checks import positive
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, StoredValue, TierOpenError
 from numbakv.tiers.chunk_format import checksum
 from numbakv.tiers.resp import Replies, command, send, set_command, whole_reads
-from numbakv.tiers.settings import redacted, settings_from
+from numbakv.tiers.settings import redacted, refuse_unescaped_credentials, settings_from
 
 logger = logging.getLogger("numbakv.tiers")
 
@@ -131,6 +131,7 @@ class RedisSettings:
                 f"{redacted(self.url)!r}"
             )
         parts = urlsplit(self.url)
+        refuse_unescaped_credentials(self.url)
         unix = parts.scheme == "unix"
         if unix and not parts.path:
             raise ValueError(

@@ -24,7 +24,12 @@ import numpy as np
 from numbakv.jobs import JobDoneCallback
 from numbakv.tiers.backend import ChunkBackend, TierOpenError
 from numbakv.tiers.namespace import Namespace
-from numbakv.tiers.settings import field_names, from_text, redacted
+from numbakv.tiers.settings import (
+    field_names,
+    from_text,
+    redacted,
+    refuse_unescaped_credentials,
+)
 from numbakv.tiers.tier import ChunkTier, HostPoolLike, TierSettings, host_rows
 
 
@@ -90,6 +95,8 @@ def parse_tier_url(url: str) -> TierURL:
             "a tier's url must be dir:PATH or redis://HOST:PORT/DB (or file:///PATH, rediss://, "
             f"valkey://, valkeys://, unix:///SOCKET), got {redacted(url)!r}"
         )
+    if kind is not DISK:
+        refuse_unescaped_credentials(url)
     parts = urlsplit(url)
     settings_type = kind.settings_type()
     client_options = getattr(importlib.import_module(kind.module), "URL_OPTIONS", ())

@@ -12,7 +12,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 Settings = TypeVar("Settings")
 
@@ -61,14 +61,24 @@ def from_text(cls: type, name: str, text: str) -> Any:
 
 
 def redacted(url: object) -> str:
-    """The URL with its password and query (which may hold one) hidden: what logs may show."""
+    """The URL with its password and query (which may hold one) hidden: what logs may show.
+    Everything before the last @ is taken for the user and password, so a password holding a
+    character a URL must escape (`/`, `?`, `#`) is hidden all the same."""
     if not isinstance(url, str):
         return repr(url)
+    scheme, slashes, rest = url.partition("://")
+    if "@" in rest:
+        credentials, rest = rest.rsplit("@", 1)
+        rest = f"{credentials.split(':', 1)[0]}:***@{rest}"
+    return scheme + slashes + rest.split("?", 1)[0].split("#", 1)[0]
+
+
+def refuse_unescaped_credentials(url: str) -> None:
+    """Refuse a URL whose user or password holds a character a URL must escape: what follows it
+    would be read as the URL's path or query, and shown in errors."""
     parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user = netloc.rsplit("@", 1)[0].split(":", 1)[0]
-        netloc = f"{user}:***@{netloc.rsplit('@', 1)[1]}"
-    if not netloc and url.partition(":")[2].startswith("//"):  # unix:///PATH keeps its slashes
-        return f"{parts.scheme}://{parts.path}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    if "@" in parts.path + parts.query + parts.fragment:
+        raise ValueError(
+            "the url's user or password holds a character a URL must escape: write / as %2F, "
+            f"? as %3F, # as %23 and @ as %40 (got {redacted(url)!r})"
+        )

@@ -19,6 +19,7 @@ from numbakv.tiers import ChunkTier, resp
 from numbakv.tiers import redis as redis_backend
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.redis import RedisBackend, RedisSettings, redacted
+from numbakv.tiers.registry import parse_tier_url
 from tests.support.redis_servers import (
     OPENSSL,
     RedisServer,
@@ -219,6 +220,16 @@ def test_passwords_from_the_url_or_the_environment_never_logged(tmp_path, caplog
         assert run(by_env, by_env.submit_load, 2, KEYS[:1], [1]).success
         assert secret not in caplog.text and "default:***@" in caplog.text
     assert redacted("rediss://u:p@h:1/0?password=p") == "rediss://u:***@h:1/0"
+
+
+@pytest.mark.parametrize("password", ["s3cr/et", "s3cr?et", "s3cr#et"])
+def test_a_password_a_url_must_escape_is_refused_and_never_shown(password):
+    url = f"redis://user:{password}@127.0.0.1:6379/0"
+    assert redacted(url) == "redis://user:***@127.0.0.1:6379/0"
+    for opening in (RedisSettings, parse_tier_url):
+        with pytest.raises(ValueError, match="must escape") as refused:
+            opening(url)
+        assert "s3cr" not in str(refused.value) and "et@" not in str(refused.value)
 
 
 def test_a_killed_server_is_served_around_then_reconnected(tmp_path, caplog):
