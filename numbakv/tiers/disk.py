@@ -175,17 +175,20 @@ class DiskBackend(ChunkBackend):
         for position, key in enumerate(keys):
             if key in to_store:
                 first.setdefault(key, position)
-        # a header is taken (its payload's checksum) on the thread that writes its file
-        written = self._spread(
-            lambda position: self._write_file(
-                keys[position], headers[position], payloads[position]
-            ),
-            list(first.values()),
-        )
-        outcome = dict(zip(first, written))
-        with self._lock:
-            self._index.complete_store([key for key, ok in outcome.items() if ok])
-            self._index.complete_store([key for key, ok in outcome.items() if not ok], False)
+        outcome = dict.fromkeys(first, False)  # what an error midway leaves: none stored
+        try:
+            # a header is taken (its payload's checksum) on the thread that writes its file
+            written = self._spread(
+                lambda position: self._write_file(
+                    keys[position], headers[position], payloads[position]
+                ),
+                list(first.values()),
+            )
+            outcome = dict(zip(first, written))
+        finally:
+            with self._lock:
+                self._index.complete_store([key for key, ok in outcome.items() if ok])
+                self._index.complete_store([key for key, ok in outcome.items() if not ok], False)
         # absent from outcome: already stored, or its old file still leaving (dropped)
         return [key not in leaving and outcome.get(key, True) for key in keys]
 
@@ -248,18 +251,25 @@ class DiskBackend(ChunkBackend):
         """Bring the index in line with what the directory held for `keys` (under the lock):
         files another process wrote join it, files another process removed leave it; the files
         their joining evicts are added to `evicted`, for the caller to remove after the lock.
-        Which keys are ready."""
+        Which keys are ready. Each key found ready is pinned until all are, so that a later key's
+        joining never evicts it."""
         index = self._index
-        ready = []
-        for key, there in zip(keys, on_disk):
-            if index.lookup((key,)):
-                if not there:
-                    index.remove((key,))
+        ready, held = [], []
+        try:
+            for key, there in zip(keys, on_disk):
+                if index.lookup((key,)):
+                    if not there:
+                        index.remove((key,))
+                elif there and not index.is_being_stored(key) and not self._leaving[key]:
+                    there = self._adopt(key, evicted)
+                else:
+                    there = False
+                if there:
+                    index.prepare_load((key,))
+                    held.append(key)
                 ready.append(there)
-            elif there and not index.is_being_stored(key) and not self._leaving[key]:
-                ready.append(self._adopt(key, evicted))
-            else:
-                ready.append(False)
+        finally:
+            index.complete_load(held)
         return ready
 
     def _adopt(self, key: bytes, evicted: list[bytes]) -> bool:
@@ -302,17 +312,19 @@ class DiskBackend(ChunkBackend):
         path = self._path(key)
         head, name = os.path.split(path)
         temp = f"{head}/.{name}.{os.getpid()}.{next(self._temp_numbers)}{_TEMP_SUFFIX}"
-        buffer = self._io_buffer()
-        buffer[:ALIGNMENT] = bytes(header).ljust(ALIGNMENT, b"\0")
-        if self.direct_io and not _aligned_buffer(payload):
-            padded = _aligned(payload.nbytes)
-            buffer[ALIGNMENT : ALIGNMENT + payload.nbytes] = payload
-            buffer[ALIGNMENT + payload.nbytes : ALIGNMENT + padded] = bytes(padded - payload.nbytes)
-            pieces = [buffer[: ALIGNMENT + padded]]
-        else:
-            pieces = [buffer[:ALIGNMENT], payload]
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct_io else 0)
         try:
+            buffer = self._io_buffer()
+            buffer[:ALIGNMENT] = bytes(header).ljust(ALIGNMENT, b"\0")
+            if self.direct_io and not _aligned_buffer(payload):
+                padded = _aligned(payload.nbytes)
+                buffer[ALIGNMENT : ALIGNMENT + payload.nbytes] = payload
+                buffer[ALIGNMENT + payload.nbytes : ALIGNMENT + padded] = bytes(
+                    padded - payload.nbytes
+                )
+                pieces = [buffer[: ALIGNMENT + padded]]
+            else:
+                pieces = [buffer[:ALIGNMENT], payload]
             fd = os.open(temp, flags, 0o644)
             try:
                 expected = sum(piece.nbytes for piece in pieces)
@@ -427,8 +439,9 @@ def _direct_io_works(directory: str) -> bool:
 
 
 def _stale_temp(entry: os.DirEntry) -> bool:
-    """A temporary file no writer will rename: its process is gone (or is this one, so it is an
-    earlier process's with our pid), or it is older than any write takes."""
+    """A temporary file no writer will rename: its process is gone, or it is older than any write
+    takes. One named with this process's pid goes by its age alone: another backend of this process
+    may be writing it."""
     try:
         age = time.time() - entry.stat().st_mtime
     except FileNotFoundError:
@@ -437,7 +450,7 @@ def _stale_temp(entry: os.DirEntry) -> bool:
         pid = int(entry.name[: -len(_TEMP_SUFFIX)].rsplit(".", 2)[-2])
     except (ValueError, IndexError):
         return age > STALE_TEMP_S
-    return pid == os.getpid() or not _alive(pid) or age > STALE_TEMP_S
+    return age > STALE_TEMP_S or (pid != os.getpid() and not _alive(pid))
 
 
 def _alive(pid: int) -> bool:

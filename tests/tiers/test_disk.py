@@ -234,9 +234,11 @@ def test_a_writer_killed_before_its_rename_leaves_nothing_visible(tmp_path):
     assert not os.path.exists(temp) and chunk_files(tier.backend) == []
 
 
-def test_a_live_writers_temporary_file_is_left_alone(tmp_path):
+@pytest.mark.parametrize("writer", ["another process", "another backend of this process"])
+def test_a_live_writers_temporary_file_is_left_alone(tmp_path, writer):
     backend = DiskBackend(DiskSettings(tmp_path, 8 * FILE_BYTES), namespace(), CHUNK_BYTES)
-    temp = f"{backend.directory}/ab/.ab.{os.getppid()}.0.tmp"
+    pid = os.getppid() if writer == "another process" else os.getpid()
+    temp = f"{backend.directory}/ab/.ab.{pid}.0.tmp"
     open(temp, "wb").close()
     DiskBackend(DiskSettings(tmp_path, 8 * FILE_BYTES), namespace(), CHUNK_BYTES)
     assert os.path.exists(temp)
@@ -342,6 +344,50 @@ def test_two_backends_sharing_a_directory_serve_each_other(tmp_path):
     assert a.backend.take_removed() == [KEYS[0]] and a.backend.take_removed() == []
     assert b.contains(KEYS[:3]) == [False, True, True]
     assert b.backend.used_files() == 2
+
+
+def test_files_joining_a_full_index_never_evict_their_own_batchs_files(tmp_path):
+    pool_a, pool_b = aligned_pool(6, 10), aligned_pool(4, 11)
+    a = disk_tier(tmp_path, pool_a, files=2)
+    b = disk_tier(tmp_path, pool_b, files=4)
+    a.submit_store("s", KEYS[:2], [0, 1])  # a's index is full, KEYS[0] its least recent file
+    b.submit_store("s", KEYS[2:4], [2, 3])  # files a's index does not know yet
+    finished(a), finished(b)
+    # KEYS[0] is ready; KEYS[2] joins a's index in its place, evicting KEYS[1]; KEYS[3] finds
+    # both of a's places taken by this batch and is a miss.
+    a.submit_load("l", [KEYS[0], KEYS[2], KEYS[3]], [3, 4, 5])
+    assert finished(a)["l"].failed_keys == (KEYS[3],)
+    np.testing.assert_array_equal(pool_a[3], pool_a[0])
+    np.testing.assert_array_equal(pool_a[4], pool_b[2])
+    assert a.backend.used_files() == 2 and not a.backend._leaving
+    assert a.contains(KEYS[:3]) == [True, False, True]
+    a.submit_store("again", KEYS[:1], [0])
+    assert finished(a)["again"].success
+
+
+class FailingHeaders(list):
+    """A store's headers, the last of which fails to be made."""
+
+    def __getitem__(self, position):
+        if position == len(self) - 1:
+            raise RuntimeError("no header")
+        return super().__getitem__(position)
+
+
+@pytest.mark.parametrize("stripes", [1, 4])
+def test_a_store_that_fails_midway_leaves_no_key_half_stored(tmp_path, stripes):
+    backend = DiskBackend(
+        DiskSettings(tmp_path, 4 * FILE_BYTES, stripes=stripes), namespace(), CHUNK_BYTES
+    )
+    pool = aligned_pool(2, 12)
+    keys, payloads = KEYS[:2], [memoryview(row) for row in pool]
+    headers = [encode_header(namespace().digest, b"w" * 8, p, k) for k, p in zip(keys, payloads)]
+    with pytest.raises(RuntimeError, match="no header"):
+        backend.write(keys, FailingHeaders(headers), payloads)
+    assert backend.used_files() == 0  # none left being stored (a whole file may be found)
+    assert backend.write(keys, headers, payloads) == [True, True]
+    assert backend.exists(keys) == [True, True] and len(chunk_files(backend)) == 2
+    assert backend.used_files() == 2
 
 
 @pytest.mark.parametrize(
