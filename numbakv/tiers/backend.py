@@ -65,10 +65,12 @@ class ChunkBackend(ABC):
     @abstractmethod
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
-    ) -> list[StoredValue | None]:
+    ) -> list[StoredValue | BackendUnavailable | None]:
         """Copy each key's payload into `payloads[i]` (at most its length); None where absent.
 
         The first `header_bytes` of a value are its header, returned as is for the caller to check.
+        Where the store did not answer for one key (a cluster node down, an error reply) its entry
+        is a BackendUnavailable: a failed load that, unlike None, says nothing of the key.
         """
 
     @abstractmethod

@@ -254,7 +254,7 @@ class RedisBackend(ChunkBackend):
 
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
-    ) -> list[StoredValue | None]:
+    ) -> list[StoredValue | BackendUnavailable | None]:
         def read(replies: Replies, index: int) -> object:
             """The value into its row, its checksum taken here, on this stripe's thread."""
             value, payload = replies.value_into(header_bytes, payloads[index]), payloads[index]
@@ -271,7 +271,11 @@ class RedisBackend(ChunkBackend):
             self._read_stripes,
             window=max(1, WINDOW_BYTES * len(keys) // max(payload_bytes, 1)),
         )
-        return [reply if isinstance(reply, StoredValue) else None for reply in replies]
+        return [
+            reply if reply is None or isinstance(reply, (StoredValue, BackendUnavailable))
+            else BackendUnavailable(f"{redacted(self.settings.url)}: {reply}")
+            for reply in replies
+        ]  # fmt: skip
 
     def delete(self, keys: Sequence[bytes]) -> None:
         self._pipelined(keys, lambda _, key: command(b"DEL", key), _reply)

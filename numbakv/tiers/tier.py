@@ -27,7 +27,7 @@ import numpy as np
 from numbakv.checks import positive
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 from numbakv.metrics.definitions import DURATION_BUCKETS_SECONDS, no_durations
-from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy, StoredValue
 from numbakv.tiers.breaker import CircuitBreaker
 from numbakv.tiers.chunk_format import (
     HEADER_BYTES,
@@ -431,12 +431,16 @@ class ChunkTier:
 
     def _load(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
-        no_answer = [None] * len(keys)
+        no_answer = [BackendUnavailable("no answer")] * len(keys)
         values = self._ask_backend(self.backend.read_into, no_answer, keys, payloads, HEADER_BYTES)
-        failed, corrupt, own, other = [], [], 0, 0
+        # Found absent or corrupt: unloadable until stored anew. A store that did not answer, for
+        # the batch or for a key, said nothing of it.
+        failed, unloadable, corrupt, own, other = [], [], [], 0, 0
         for key, payload, value in zip(keys, payloads, values):
-            if value is None:
+            if not isinstance(value, StoredValue):
                 failed.append(key)
+                if value is None:
+                    unloadable.append(key)
                 continue
             try:
                 header = parse_header(value.header)
@@ -447,6 +451,7 @@ class ChunkTier:
                     "numbakv tier: chunk %s failed its %s check", key.hex(), error.reason
                 )
                 failed.append(key)
+                unloadable.append(key)
                 corrupt.append(key)
                 continue
             if header.writer == self.writer_id:
@@ -456,8 +461,7 @@ class ChunkTier:
         if corrupt:  # if the delete fails, the next reader's check catches them again
             self._ask_backend(self.backend.delete, None, corrupt)
         with self._lock:
-            if values is not no_answer:  # a store that did not answer said nothing of its keys
-                self._unloadable.update(dict.fromkeys(failed))
+            self._unloadable.update(dict.fromkeys(unloadable))
             while len(self._unloadable) > UNLOADABLE_LIMIT:
                 self._unloadable.popitem(last=False)
             self._counters.integrity_failures += len(corrupt)

@@ -347,6 +347,34 @@ def test_a_probe_that_fails_otherwise_leaves_the_next_call_free_to_probe():
     assert tier.contains(KEYS[:1]) == [True]
 
 
+class UnansweredKey(DictBackend):
+    """Answers every key of a load but `unanswered`, for which it says it could not ask."""
+
+    unanswered = None
+
+    def read_into(self, keys, payloads, header_bytes):
+        found = super().read_into(keys, payloads, header_bytes)
+        return [
+            BackendUnavailable("node down") if key == self.unanswered else value
+            for key, value in zip(keys, found)
+        ]
+
+
+def test_a_key_not_answered_fails_its_load_and_stays_found_one_absent_does_not():
+    backend = UnansweredKey()
+    tier = tier_over(backend)
+    tier.submit_store("s", KEYS[:2], [0, 1])
+    backend.values.pop(KEYS[1])  # evicted by the store
+    backend.unanswered = KEYS[0]
+    tier.submit_load("l", KEYS[:2], [2, 3])
+    assert finished(tier)["l"].failed_keys == tuple(KEYS[:2])
+    backend.values[KEYS[1]] = b"stale"  # found again only after a store of its own
+    assert tier.contains(KEYS[:2]) == [True, False]
+    backend.unanswered = None
+    tier.submit_load("again", KEYS[:1], [2])
+    assert finished(tier)["again"].success
+
+
 def test_latency_histograms_count_lookups_and_jobs():
     tier = tier_over(DictBackend())
     tier.submit_store(1, KEYS[:2], [0, 1])

@@ -308,6 +308,22 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
         assert not reader.breaker_open
 
 
+def test_a_node_that_misses_one_load_serves_the_next(tmp_path):
+    with redis_cluster(str(tmp_path)) as nodes:
+        url = f"redis://127.0.0.1:{nodes[0].port}/0"
+        keys = [b"p%d" % i for i in range(32)]
+        writer = tier(url, pool(32, 16), cluster=True)
+        reader = tier(url, pool(32, 17), cluster=True, lookup_deadline_s=1.0, socket_timeout_s=0.3)
+        assert run(writer, writer.submit_store, 1, keys, range(32)).success
+        nodes[2].cli("CLIENT", "PAUSE", "1200", "ALL")
+        job = run(reader, reader.submit_load, 2, keys, range(32))
+        assert 0 < len(job.failed_keys) < 32  # the paused node's keys: not answered, not absent
+        time.sleep(1.3)
+        assert reader.contains(keys) == [True] * 32
+        assert run(reader, reader.submit_load, 3, keys, range(32)).success
+        np.testing.assert_array_equal(reader._pool, writer._pool)
+
+
 @pytest.mark.parametrize(
     "settings, named",
     [
