@@ -48,6 +48,8 @@ class Transfers(Protocol):
 
     def check_gpu_ids(self, direction: Direction, gpu_block_ids: Any) -> np.ndarray: ...
 
+    def check_wait_event(self, wait_event: Any) -> None: ...
+
     def enqueue(
         self,
         job_id: Hashable,
@@ -149,6 +151,7 @@ class KVOffloader:
         `wait_event` holds the copy back until the engine's compute has written the blocks.
         """
         gpu_ids = self._checked_gpu_ids(Direction.STORE, block_hashes, gpu_block_ids)
+        self.transfers.check_wait_event(wait_event)  # before the manager evicts for the store
         if self._cascade is not None:
             self._cascade.check_keys(block_hashes)
         output = self.manager.prepare_store(block_hashes)
@@ -184,6 +187,7 @@ class KVOffloader:
         each group is a job, which takes one of its `max_jobs_in_flight` slots.
         """
         gpu_ids = self._checked_gpu_ids(Direction.LOAD, block_hashes, gpu_block_ids)
+        self.transfers.check_wait_event(wait_event)
         groups = None if layer_groups is None else self._checked_layer_groups(layer_groups)
         spec = self.manager.prepare_load(block_hashes)
         return self._submit(
@@ -232,12 +236,11 @@ class KVOffloader:
                 self.transfers.enqueue(job_id, direction, gpu_ids, host_ids, wait_event)
             else:
                 self._waiting[job_id] = demotion
-                self._cascade.after_demotion(
-                    demotion,
-                    partial(
-                        self._enqueue_waiting, job_id, direction, gpu_ids, host_ids, wait_event
-                    ),
+                # a copy of the ids: the caller may reuse its array before the demotion ends
+                queue = partial(
+                    self._enqueue_waiting, job_id, direction, gpu_ids.copy(), host_ids, wait_event
                 )
+                self._cascade.after_demotion(demotion, queue)
         except Exception:
             self._settle(direction, block_hashes, success=False)
             raise

@@ -319,6 +319,10 @@ class TransferEngine:
         is_store = self._lane(direction).direction is Direction.STORE
         return self._host_ids("host_block_ids", host_block_ids, is_store)
 
+    def check_wait_event(self, wait_event: Any) -> None:
+        """Raise TypeError naming `wait_event` unless a job can wait for it (see `submit`)."""
+        self._dependency(wait_event)
+
     def enqueue(
         self,
         job_id: Hashable,

@@ -38,6 +38,9 @@ class EngineInFront:
     def check_gpu_ids(self, direction, gpu_block_ids):
         return self.engine.check_gpu_ids(direction, gpu_block_ids)
 
+    def check_wait_event(self, wait_event):
+        self.engine.check_wait_event(wait_event)
+
     def completion_event(self, job_id):
         return self.engine.completion_event(job_id)
 
@@ -187,6 +190,21 @@ def test_bad_gpu_ids_are_refused_before_the_manager_changes(setup, gpu_ids, erro
     with pytest.raises(error, match=message):
         offloader.store([1, 2], gpu_ids)
     assert manager.stats() == before
+
+
+@pytest.mark.parametrize("direction", ["store", "load"])
+def test_a_bad_wait_event_is_refused_before_the_manager_changes(setup, direction):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    offloader.wait(offloader.store([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5]))  # its 6 slots full
+    offloader.poll()
+    before = manager.stats()
+    with pytest.raises(TypeError, match="wait_event"):
+        if direction == "store":  # would evict 1 and 2
+            offloader.store([7, 8], [6, 7], wait_event="after the compute")
+        else:
+            offloader.load([1], [7], wait_event="after the compute")
+    assert manager.stats() == before and offloader.lookup([1, 2]) == 2
 
 
 def test_mode_must_be_eager_or_lazy(setup):

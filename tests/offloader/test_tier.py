@@ -103,6 +103,22 @@ def test_a_store_into_slots_being_demoted_waits_for_the_demotion(rig):
     rig.load_and_check([b"a", b"e"], [0, 4])
 
 
+def test_a_store_held_for_a_demotion_copies_the_blocks_it_was_given(rig):
+    """The engine may reuse its array of block ids as soon as `store` returns."""
+    offloader = rig.offloader
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.poll()
+    rig.backend.gate.clear()
+    gpu_ids = np.array([4, 5])
+    try:
+        job = offloader.store([b"e", b"f"], gpu_ids)  # held until a and b are demoted
+        gpu_ids[:] = [6, 7]
+    finally:
+        rig.backend.gate.set()
+    assert offloader.wait(job)
+    rig.load_and_check([b"e", b"f"], [4, 5])
+
+
 def test_waiting_for_a_store_waits_for_its_slots_demotion_not_for_every_tier_job():
     rig = Rig(backend=SlowLoads())
     offloader, backend = rig.offloader, rig.backend
