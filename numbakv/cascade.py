@@ -153,19 +153,30 @@ class Cascade:
         plan = self.manager.prepare_store(missed[:held])
         if plan is None or not plan.block_hashes_to_store:
             return hits  # no room in host memory (every block pinned or being stored)
-        promoted = plan.block_hashes_to_store
+        promoted, slots = plan.block_hashes_to_store, plan.store_spec.block_ids
         try:
-            start = partial(self._job, _PROMOTE, promoted, plan.store_spec.block_ids)
             demotion = self.place(plan)
             if demotion is None:
-                start()
+                self._job(_PROMOTE, promoted, slots)
             else:
-                self.after_demotion(demotion, start)
+                self.after_demotion(demotion, partial(self._start_promotion, promoted, slots))
         except Exception:
             self.manager.complete_store(promoted, success=False)
             raise
         self._promoting.update(promoted)
         return None
+
+    def _start_promotion(self, promoted: list, slots: np.ndarray) -> None:
+        """Start a promotion that waited for its slots' demotion; one the tier refuses now is a
+        miss, and its blocks are free to be asked for again."""
+        try:
+            self._job(_PROMOTE, promoted, slots)
+        except Exception:
+            logger.exception(
+                "numbakv cascade: the tier refused to promote %d blocks", len(promoted)
+            )
+            self.manager.complete_store(promoted, success=False)
+            self._promoting.difference_update(promoted)
 
     def _held_below(self, missed: list) -> int | None:
         """How many leading `missed` blocks the tier holds; None while it is being asked.
@@ -211,8 +222,9 @@ class Cascade:
         if below.any():
             evicted = [h for h, known in zip(evicted, below.tolist()) if not known]
             rows = rows[~below]
+        demotion = self._job(DEMOTE, evicted, rows)
         self._demoting.update(evicted)
-        return self._job(DEMOTE, evicted, rows)
+        return demotion
 
     def after_demotion(self, demotion: int, then: Callable[[], None]) -> None:
         """Call `then` once the demotion `place` returned has landed, done or failed."""

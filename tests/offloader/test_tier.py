@@ -144,6 +144,28 @@ def test_waiting_for_a_store_waits_for_its_slots_demotion_not_for_every_tier_job
     rig.load_and_check([b"a", b"x"], [0, 5])
 
 
+def refuse(*job):
+    raise RuntimeError("the tier is closed")
+
+
+def test_a_promotion_the_tier_refuses_after_its_demotion_is_a_miss_asked_again(rig, monkeypatch):
+    offloader, backend = rig.offloader, rig.backend
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e"], [4]))  # evicts a: demoted
+    offloader.drain()
+    assert offloader.lookup([b"a"]) is None  # the tier is asked
+    offloader.drain()
+    backend.gate.clear()
+    assert offloader.lookup([b"a"]) is None  # it holds a: its promotion waits for b's demotion
+    monkeypatch.setattr(rig.tier, "submit_load", refuse)
+    backend.gate.set()
+    offloader.drain()  # b lands; a's promotion is refused
+    monkeypatch.undo()
+    assert rig.manager.stats().being_stored == 0
+    assert rig.settled_lookup([b"a"]) == 1
+    rig.load_and_check([b"a"], [0])
+
+
 def test_a_block_on_its_way_down_is_asked_for_again_not_missed(rig):
     """Between its eviction and its demotion's end a block is in neither tier: a lookup then
     says "ask again", and finds the block once it has landed, instead of a miss."""
