@@ -108,9 +108,10 @@ class RedisSettings:
     the server busy, and more threads only take turns on the client's cores (raise it where the
     client has cores to spare and the link outruns what one core copies). `read_stripes`: the same
     for a batch of loads, two by default: a connection waits for the values it asked for
-    (WINDOW_BYTES at a time), and a second one fills that wait. `socket_timeout_s`: how long one
-    batch may wait on the server before the store counts as unreachable; `connect_timeout_s` the
-    same for connecting.
+    (WINDOW_BYTES at a time), and a second one fills that wait. `socket_timeout_s`: how long the
+    server may take over one step of a batch (to send one reply whole, or to take one group of
+    commands) before the store counts as unreachable, so a server that trickles bytes is
+    unreachable too; `connect_timeout_s` the same for connecting.
     """
 
     url: str
@@ -379,12 +380,14 @@ class RedisBackend(ChunkBackend):
             raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
         sock, answers, sent = connection._sock, [], 0
         try:
+            step_s = self.settings.socket_timeout_s
             with whole_reads(sock) as flags:
-                replies = Replies(sock, flags)
+                replies = Replies(sock, flags, step_s)
                 for position, index in enumerate(indexes):
                     if sent < len(indexes) and sent - position <= window // 2:
                         upto = min(len(indexes), position + window)
-                        send(sock, (pack(i, self._prefix + keys[i]) for i in indexes[sent:upto]))
+                        commands = (pack(i, self._prefix + keys[i]) for i in indexes[sent:upto])
+                        send(sock, commands, step_s)
                         sent = upto
                     answers.append(read(replies, index))
             return answers

@@ -14,8 +14,10 @@ way.
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
+import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError
@@ -53,10 +55,15 @@ def _bulk_strings(arguments: Sequence[bytes]) -> bytes:
     return b"".join(b"$%d\r\n%s\r\n" % (len(argument), argument) for argument in arguments)
 
 
-def send(sock: socket.socket, commands: Iterable[Sequence[bytes | memoryview]]) -> None:
+def send(
+    sock: socket.socket,
+    commands: Iterable[Sequence[bytes | memoryview]],
+    step_s: float | None = None,
+) -> None:
     """Write the commands' buffers, in order, about SEND_BYTES a system call. `commands` may be
     lazy: the next group is then packed (a store's checksums taken) while the server still reads
-    the last one out of the socket's buffer."""
+    the last one out of the socket's buffer. The server has `step_s` to take each group (None:
+    no bound but the socket's own timeout, which bounds one system call)."""
     group: list[memoryview] = []
     size = 0
     for buffers in commands:
@@ -65,22 +72,25 @@ def send(sock: socket.socket, commands: Iterable[Sequence[bytes | memoryview]]) 
             group.append(view)
             size += view.nbytes
         if size >= SEND_BYTES:
-            _send_all(sock, group)
+            _send_all(sock, group, _deadline(step_s))
             group, size = [], 0
     if group:
-        _send_all(sock, group)
+        _send_all(sock, group, _deadline(step_s))
 
 
-def _send_all(sock: socket.socket, views: list[memoryview]) -> None:
-    """Write every view, in order: `sendmsg` where the socket takes it (a plain one), IOV_MAX
-    views a call, resuming where the kernel stopped; `sendall` each on a TLS socket."""
+def _send_all(sock: socket.socket, views: list[memoryview], deadline: float = math.inf) -> None:
+    """Write every view, in order, by `deadline` (time.monotonic()'s): `sendmsg` where the socket
+    takes it (a plain one), IOV_MAX views a call, resuming where the kernel stopped; `sendall` each
+    on a TLS socket."""
     if not _plain(sock):
         for view in views:
             sock.sendall(view)
+            _check(deadline, "take a group of commands")
         return
     first = 0
     while first < len(views):
         sent = sock.sendmsg(views[first : first + IOV_MAX])
+        _check(deadline, "take a group of commands")
         while sent and first < len(views):
             size = views[first].nbytes
             if sent < size:
@@ -110,11 +120,16 @@ def whole_reads(sock: socket.socket) -> Iterator[int]:
 
 
 class Replies:
-    """Reads one pipeline's replies, in order, off `sock` (`flags` for reading a value whole)."""
+    """Reads one pipeline's replies, in order, off `sock` (`flags` for reading a value whole).
+    The server has `step_s` to send each reply whole (None: no bound but the socket's own
+    timeout, which bounds one system call, so a reply trickling in could hold the batch for
+    ever); past it, TimeoutError."""
 
-    def __init__(self, sock: socket.socket, flags: int = 0) -> None:
+    def __init__(self, sock: socket.socket, flags: int = 0, step_s: float | None = None) -> None:
         self._sock = sock
         self._flags = flags
+        self._step_s = step_s
+        self._deadline = math.inf
         self._buffer = bytearray(BUFFER_BYTES)
         self._view = memoryview(self._buffer)
         self._start = self._end = 0  # what was read and not yet taken
@@ -122,6 +137,7 @@ class Replies:
     def reply(self) -> object:
         """The next reply: bytes for a status or a bulk string, an int, None for a null, an
         exception instance for an error (redis-py's class for a cluster's redirect)."""
+        self._deadline = _deadline(self._step_s)
         line = self._line()
         kind, body = line[:1], line[1:]
         if kind == b"$":
@@ -148,6 +164,7 @@ class Replies:
         """The next reply, a bulk string read into place: its first `header_bytes` as the
         header, then at most `payload.nbytes` into `payload`, the rest dropped. A StoredValue
         (the header and how many bytes followed it), None for a null, or an error instance."""
+        self._deadline = _deadline(self._step_s)
         line = self._line()
         if line[:1] != b"$":
             self._unread(line)
@@ -185,10 +202,7 @@ class Replies:
             self._view.release()
             self._buffer.extend(bytes(len(self._buffer)))
             self._view = memoryview(self._buffer)
-        got = self._sock.recv_into(self._view[self._end :])
-        if not got:
-            raise ConnectionError("the server closed the connection")
-        self._end += got
+        self._end += self._received(self._sock.recv_into(self._view[self._end :]))
 
     def _read_into(self, target: memoryview) -> None:
         """Fill `target`: first from what is buffered, the rest straight from the socket."""
@@ -197,10 +211,15 @@ class Replies:
         self._start += buffered
         filled = buffered
         while filled < target.nbytes:
-            got = self._sock.recv_into(target[filled:], 0, self._flags)
-            if not got:
-                raise ConnectionError("the server closed the connection")
-            filled += got
+            filled += self._received(self._sock.recv_into(target[filled:], 0, self._flags))
+
+    def _received(self, got: int) -> int:
+        """`got`, the bytes one read brought, once checked: none means the server has closed
+        the connection, and a reply past its deadline is a timeout."""
+        if not got:
+            raise ConnectionError("the server closed the connection")
+        _check(self._deadline, "send one reply")
+        return got
 
     def _drop(self, count: int) -> None:
         while count:
@@ -216,6 +235,15 @@ class Replies:
         if self._view[self._start : self._start + 2] != b"\r\n":
             raise ConnectionError("a bulk reply did not end where its length said")
         self._start += 2
+
+
+def _deadline(step_s: float | None) -> float:
+    return math.inf if step_s is None else time.monotonic() + step_s
+
+
+def _check(deadline: float, step: str) -> None:
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"the server took too long to {step}")
 
 
 def _error(body: bytes) -> ResponseError:

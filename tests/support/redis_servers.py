@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -184,3 +185,41 @@ def redis_cluster(directory: str, primaries: int = 3) -> Iterator[list[RedisServ
     finally:
         for node in nodes:
             node.kill()
+
+
+@contextlib.contextmanager
+def slow_link(port: int, piece_bytes: int, every_s: float) -> Iterator[int]:
+    """A loopback proxy to the server on `port` that passes what the server sends `piece_bytes` at
+    a time, a piece every `every_s` (what the client sends passes at once): a server that answers,
+    but a trickle at a time. Yields the proxy's port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pump(source: socket.socket, target: socket.socket, piece: int, pause: float) -> None:
+        with source, target:
+            try:
+                while data := source.recv(piece):
+                    target.sendall(data)
+                    time.sleep(pause)
+            except OSError:
+                pass  # either side closed: the other goes with it
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # the listener is closed
+            server = socket.create_connection(("127.0.0.1", port))
+            for source, target, piece, pause in (
+                (client, server, 1 << 16, 0.0),
+                (server, client, piece_bytes, every_s),
+            ):
+                threading.Thread(
+                    target=pump, args=(source, target, piece, pause), daemon=True
+                ).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()

@@ -27,6 +27,7 @@ from tests.support.redis_servers import (
     redis_cluster,
     redis_server,
     redis_tls_server,
+    slow_link,
 )
 from tests.support.tiers import namespace
 
@@ -281,6 +282,24 @@ def test_a_paused_server_holds_lookups_to_the_deadline(server):
             break
         time.sleep(0.05)
     assert chunk_tier.contains(KEYS) == [True] * 8
+
+
+def test_a_server_that_trickles_its_replies_fails_the_batch_within_its_timeout(server):
+    """Each read brings a few bytes, well within the socket's timeout: the batch must still end
+    once one reply has taken longer than `socket_timeout_s`, as if the server were down."""
+    rows = pool(4, 18, 256 << 10)
+    writer = tier(server.url, rows)
+    assert run(writer, writer.submit_store, 1, KEYS[:2], [0, 1]).success
+    with slow_link(server.port, 4096, 0.05) as port:  # 80 KB/s: a chunk in about 3 s
+        reader = tier(f"redis://127.0.0.1:{port}/0", rows, socket_timeout_s=0.3)
+        started = time.perf_counter()
+        job = run(reader, reader.submit_load, 2, KEYS[:2], [2, 3])
+        waited = time.perf_counter() - started
+        reader.close()
+    assert not job.success and job.failed_keys == tuple(KEYS[:2])
+    assert waited < 1.5, waited
+    assert reader.breaker_open
+    writer.close()
 
 
 def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
