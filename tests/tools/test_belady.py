@@ -8,7 +8,8 @@ from itertools import combinations
 import pytest
 
 from numbakv import POLICIES
-from numbakv.tools.replay.belady import belady_hits
+from numbakv.tools.replay import command as replay_command
+from numbakv.tools.replay.belady import belady_hits, first_prefix_conflict
 from numbakv.tools.replay.core import replay
 from numbakv.tools.workloads.core import mixed_traffic
 
@@ -73,3 +74,28 @@ def test_belady_bounds_every_policy() -> None:
         bound = belady_hits(chains, capacity)[0]
         for policy in POLICIES:
             assert replay(chains, policy, capacity).hits <= bound, policy
+
+
+@pytest.mark.parametrize(
+    ("chains", "conflict"),
+    [
+        ([[1], [0], [0, 1]], (2, 1)),  # 1 first seen with no block before it, then after 0
+        ([[0, 1], [2, 1]], (1, 1)),
+        ([[5, 5]], (0, 1)),
+        ([[0, 1], [0, 1, 2], [3], [0]], None),
+    ],
+)
+def test_an_id_found_after_another_prefix_is_named(chains, conflict):
+    assert first_prefix_conflict(chains) == conflict
+
+
+def test_the_replay_refuses_belady_on_a_trace_it_does_not_bound(tmp_path, capsys):
+    chains = [[1], [0], [0, 1]]
+    assert replay(chains, "lru", 1).hits > belady_hits(chains, 1)[0]  # why: LRU beats "MIN"
+    trace = tmp_path / "unchained.jsonl"
+    trace.write_text("".join(f'{{"hash_ids": {chain}}}\n' for chain in chains))
+    with pytest.raises(SystemExit) as exit_info:
+        replay_command.main([str(trace), "--policy", "lru,belady", "--capacity", "1"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "--policy" in err and "belady" in err and "request 3" in err

@@ -31,6 +31,21 @@ def next_uses(chains: Sequence[Sequence[int]]) -> list[list[float]]:
     return result
 
 
+def first_prefix_conflict(chains: Sequence[Sequence[int]]) -> tuple[int, int] | None:
+    """(request, position) of the first block id found after another block than where it was
+    first seen (or after none, or twice in a request), or None. MIN is a bound only on a trace
+    where each id implies its prefix, as a chained hash does: elsewhere its tie-break can leave a
+    block cached without the blocks before it, and a real policy can beat it."""
+    parents: dict[int, int | None] = {}
+    for request, chain in enumerate(chains):
+        before = None
+        for position, block in enumerate(chain):
+            if parents.setdefault(block, before) != before:
+                return request, position
+            before = block
+    return None
+
+
 def belady_hits(
     chains: Sequence[Sequence[int]], capacity: int, meter: Progress | None = None
 ) -> tuple[int, int, int]:

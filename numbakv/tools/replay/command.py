@@ -36,7 +36,7 @@ from numbakv.tools.cli import (
     print_runs_json,
 )
 from numbakv.tools.fleet.command import add_fleet_arguments, check_fleet, run_fleet, wants_fleet
-from numbakv.tools.replay.belady import BELADY
+from numbakv.tools.replay.belady import BELADY, first_prefix_conflict
 from numbakv.tools.replay.core import ReplayResult, replay_grid
 from numbakv.tools.replay.planning import (
     BELADY_NOTE,
@@ -207,6 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: argument TRACE: {error}\n")
     except KeyboardInterrupt:
         return interrupted(parser.prog, "while reading the trace; nothing was replayed")
+    conflict = first_prefix_conflict(chains) if BELADY in plan.policies else None
+    if conflict is not None:
+        request, position = conflict
+        parser.exit(
+            2,
+            f"{parser.prog}: error: argument --policy: belady is a bound only where each block id "
+            f"implies its prefix; in request {request + 1:,}, id {chains[request][position]} "
+            f"(position {position}) follows another prefix than before\n",
+        )
     if fleet is not None:
         return run_fleet(parser, args, fleet, chains, source, total, profile)
     status = 0
