@@ -393,7 +393,12 @@ class RedisBackend(ChunkBackend):
             return answers
         except _UNREACHABLE as error:
             connection.disconnect()
-            raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+            reason = (  # BlockingIOError: the socket's own timeout (SO_RCVTIMEO) expired
+                f"no answer within socket_timeout_s ({self.settings.socket_timeout_s} s)"
+                if isinstance(error, BlockingIOError)
+                else error
+            )
+            raise BackendUnavailable(f"{redacted(self.settings.url)}: {reason}") from error
         except BaseException:
             connection.disconnect()
             raise
