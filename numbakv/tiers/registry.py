@@ -149,7 +149,15 @@ def tier_config(url: str, **settings: Any) -> TierConfig:
         raise ValueError(f"the {kind.name} needs {kind.needs}")
     tier_keys = set(field_names(TierSettings)) & set(given)
     tier = TierSettings(**{key: given.pop(key) for key in tier_keys})
-    return TierConfig(kind, tier, settings_type.from_mapping(given))
+    backend = settings_type.from_mapping(given)
+    if kind is REDIS:  # every I/O thread, a batch's stripes and the lookup may each hold one
+        needed = tier.io_threads + max(backend.stripes, backend.read_stripes) + 1
+        if backend.max_connections < needed:
+            raise ValueError(
+                f"max_connections must be at least io_threads + max(stripes, read_stripes) + 1 "
+                f"= {needed}, got {backend.max_connections}"
+            )
+    return TierConfig(kind, tier, backend)
 
 
 def open_tier(

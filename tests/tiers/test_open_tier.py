@@ -77,6 +77,8 @@ def test_a_directory_by_url_round_trips_with_its_query_settings(tmp_path, form, 
         ("redis://h:1/0?retry_on_timeout=true", {}, "'retry_on_timeout'"),
         ("redis://h:1/0", {"lookup_deadline_s": "5ms"}, "lookup_deadline_s"),
         ("redis://h:1/0?url=redis://x", {}, "url is the url's location"),
+        ("redis://h:1/0?io_threads=14", {}, r"max_connections must be at least .* = 17, got 16"),
+        ("redis://h:1/0?max_connections=4&read_stripes=2", {}, "at least .* = 7, got 4"),
     ],
 )
 def test_every_setting_is_checked_by_name_before_anything_opens(tmp_path, url, settings, named):
