@@ -139,6 +139,15 @@ class RedisSettings:
                 f"a unix:// url names the server's socket (unix:///run/redis.sock), got "
                 f"{redacted(self.url)!r}"
             )
+        if not unix:
+            try:
+                port = parts.port
+            except ValueError:  # not a number, or past 65535
+                port = 0
+            if port == 0:
+                raise ValueError(
+                    f"the url's port must be a number from 1 to 65535, got {redacted(self.url)!r}"
+                )
         taken = UNIX_URL_OPTIONS if unix else TLS_URL_OPTIONS
         for option in parse_qs(parts.query, keep_blank_values=True):
             if option not in taken:
@@ -474,6 +483,11 @@ def _connect(settings: RedisSettings) -> redis.Redis | RedisCluster:
         except AuthenticationError as error:
             raise _password_error(where, password, settings.password_env, error) from None
         except _UNREACHABLE as error:
+            if "cluster mode is not enabled" in str(error).lower():
+                raise TierOpenError(
+                    f"Redis at {where} answered, but is not a cluster (its cluster mode is not "
+                    "enabled): leave cluster=true out"
+                ) from None
             raise TierOpenError(
                 f"Redis Cluster at {where} did not answer at start, so its slots are unknown: "
                 f"{error}"

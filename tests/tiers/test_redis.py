@@ -15,7 +15,7 @@ import pytest
 import redis
 from redis.exceptions import AuthenticationError
 
-from numbakv.tiers import ChunkTier, resp
+from numbakv.tiers import ChunkTier, TierOpenError, resp
 from numbakv.tiers import redis as redis_backend
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.redis import RedisBackend, RedisSettings, redacted
@@ -393,6 +393,11 @@ def test_a_server_on_this_host_over_its_unix_socket(tmp_path):
 def test_a_cluster_that_does_not_answer_at_start_stops_the_engine_saying_so():
     with pytest.raises(RuntimeError, match="did not answer at start"):
         tier("redis://127.0.0.1:1/0", pool(2, 15), cluster=True)
+
+
+def test_cluster_true_against_a_standalone_server_says_it_is_not_a_cluster(server):
+    with pytest.raises(TierOpenError, match="not a cluster"):
+        tier(server.url, pool(2, 15), cluster=True)
 
 
 def test_a_standalone_server_down_at_start_is_served_around(tmp_path):
