@@ -3,11 +3,13 @@ password, a server that is not there."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import redis
 
 from numbakv.tools.demo.command import main as demo_main
-from numbakv.tools.demo.tier import TTL_S
+from numbakv.tools.demo.tier import TTL_S, tier_failure
 from tests.support.redis_servers import RedisServer, needs_redis
 from tests.support.servers import free_port
 
@@ -67,11 +69,38 @@ def test_a_bad_database_is_one_line_and_exit_2(stock_server, capfd, path, said):
     assert exit_.value.code == 2 and said in err and "Traceback" not in err
 
 
-def test_a_tier_never_reachable_exits_non_zero_saying_so(capsys):
-    status = demo_main(["--tier", f"redis://127.0.0.1:{free_port()}/0", *SMALL])
-    err = capsys.readouterr().err
-    assert status == 1
-    assert "engine 1: the tier was never reachable" in err.splitlines()[-1]
+@pytest.mark.parametrize(
+    "tier, said",
+    [
+        ("redis://127.0.0.1:{port}/0", "Connection refused"),
+        ("redis://127.0.0.1:99999/0", "port must be a number from 1 to 65535"),
+        ("dir:{dir}/kv?bytes_to_use=10", "bytes_to_use must hold at least one chunk file"),
+    ],
+)
+def test_a_tier_that_cannot_serve_is_one_line_and_exit_2_before_any_engine(
+    tier, said, tmp_path, capfd
+):
+    with pytest.raises(SystemExit) as exit_:
+        demo_main(["--tier", tier.format(port=free_port(), dir=tmp_path), *SMALL])
+    err = capfd.readouterr().err
+    (line,) = [line for line in err.splitlines() if "error" in line]
+    assert exit_.value.code == 2 and "argument --tier" in line and said in line
+    assert "Traceback" not in err and "engine" not in err
+
+
+@pytest.mark.parametrize(
+    "figures, said",
+    [
+        ({"tier_unavailable": 3}, "the tier was never reachable"),
+        ({"tier_unavailable": 3, "tier_stored": 1}, None),
+        ({"tier_flush_failed": 5}, "every block flushed to the tier failed (5)"),
+        ({"tier_flush_failed": 5, "tier_flushed": 1}, None),
+    ],
+)
+def test_an_engine_whose_tier_failed_it_says_how(figures, said):
+    counts = {"tier_unavailable": 0, "tier_stored": 0, "tier_hits": 0, "tier_flushed": 0}
+    counts["tier_flush_failed"] = 0
+    assert tier_failure(SimpleNamespace(**{**counts, **figures})) == said
 
 
 def test_the_json_report_names_the_tier_without_its_password(tmp_path, capsys):

@@ -27,10 +27,17 @@ from numbakv.tools.demo.core import (
     DemoConfigError,
     DemoReport,
     block_bytes_of,
+    namespace_of,
     run,
     run_engines,
 )
-from numbakv.tools.demo.tier import TTL_S, describe_tier, tier_failure, tier_spec_error
+from numbakv.tools.demo.tier import (
+    TTL_S,
+    describe_tier,
+    tier_failure,
+    tier_probe_error,
+    tier_spec_error,
+)
 from numbakv.tools.replay.belady import BELADY
 from numbakv.tools.replay.planning import bytes_label
 from numbakv.tools.traces import SAMPLE_TRACES, TraceError, check_trace
@@ -135,7 +142,8 @@ def _parser() -> Parser:
         metavar="TIER",
         help="a tier below host memory, shared by two engines run one after the other in two "
         "processes: dir:PATH (a local directory, bounded at 1 GiB) or redis://HOST:PORT/DB "
-        f"(a Redis or Valkey server; values expire after {TTL_S:g} s), settings in the URL's query "
+        f"(a Redis or Valkey server; values expire after {TTL_S:g} s; also rediss:// for TLS, "
+        "valkey://, and unix:///SOCKET for a server on this host), settings in the URL's query "
         "(?ttl_s=60; docs/TIERS.md) (default: none, one engine)",
     )
     parser.add_argument(
@@ -190,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     as_json = args.pop("json")
     config = DemoConfig(**args)
     _check(parser, config)
+    if config.tier is not None and (
+        why := tier_probe_error(config.tier, namespace_of(config), block_bytes_of(config))
+    ):
+        parser.error(f"argument --tier: {why}")
     text = sys.stderr if as_json else sys.stdout
     try:
         reports = [run(config, progress=True)] if config.tier is None else run_engines(config, True)

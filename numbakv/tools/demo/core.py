@@ -27,6 +27,7 @@ from numbakv.jobs import FinishedJob
 from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import KVOffloader
 from numbakv.simulator import simulate_without_gpu
+from numbakv.tiers import Namespace
 from numbakv.tools.cli import Interrupted
 from numbakv.tools.demo.tier import demo_namespace, open_tier
 from numbakv.tools.progress import track
@@ -132,14 +133,7 @@ class StandInEngine:
         host_pool = HostPool.for_layout(layout, config.host_blocks)
         self.tier = None
         if config.tier is not None:
-            namespace = demo_namespace(
-                config.num_layers,
-                config.block_size,
-                config.num_kv_heads,
-                config.head_size,
-                KV_ITEM_BYTES,
-            )
-            self.tier = open_tier(config.tier, host_pool.blocks, namespace)
+            self.tier = open_tier(config.tier, host_pool.blocks, namespace_of(config))
         self.offloader = KVOffloader(
             CPUOffloadingManager(config.block_size, config.host_blocks, cache_policy=config.policy),
             TransferEngine(layout, host_pool, on_job_done=self._count, **launch),
@@ -268,6 +262,12 @@ def block_bytes_of(config: DemoConfig) -> int:
     """Bytes of one KV block, every layer, K and V (float16, flash-attention layout)."""
     per_layer = 2 * config.block_size * config.num_kv_heads * config.head_size * KV_ITEM_BYTES
     return config.num_layers * per_layer
+
+
+def namespace_of(config: DemoConfig) -> Namespace:
+    """What the demo's host blocks mean in a tier: engines of the same sizes read each other's."""
+    sizes = (config.num_layers, config.block_size, config.num_kv_heads, config.head_size)
+    return demo_namespace(*sizes, KV_ITEM_BYTES)
 
 
 def workload(config: DemoConfig, progress: bool = False) -> list[list[int]]:

@@ -5,11 +5,12 @@ engine's host pool, so engines in other processes share what it stores."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import Any
 
 import numpy as np
 
-from numbakv.tiers import ChunkTier, Namespace, parse_tier_url
+from numbakv.tiers import BackendUnavailable, ChunkTier, Namespace, TierOpenError, parse_tier_url
 from numbakv.tiers import open_tier as open_tier_url
 from numbakv.tiers.registry import DISK, REDIS, REGISTRY, tier_config
 from numbakv.tiers.settings import redacted
@@ -68,6 +69,26 @@ def demo_namespace(
 def open_tier(spec: str, host_rows: np.ndarray, namespace: Namespace) -> ChunkTier:
     """The tier `spec` names, reading and writing `host_rows` (the host pool, one row a block)."""
     return open_tier_url(spec, host_rows, namespace, **demo_settings(spec))
+
+
+def tier_probe_error(spec: str, namespace: Namespace, chunk_bytes: int) -> str | None:
+    """Why the tier `spec` names cannot serve the demo (None when it can): opened over a pool of
+    one row and asked for one key before any engine starts, so a server that is not there, or a
+    bound too small for one block, costs a second instead of a whole run."""
+    tiers_log = logging.getLogger("numbakv.tiers")
+    level = tiers_log.level
+    tiers_log.setLevel(logging.ERROR)  # the answer is this function's, said once by the caller
+    try:
+        tier = open_tier(spec, np.zeros((1, chunk_bytes), np.uint8), namespace)
+        try:
+            tier.backend.exists([b"numbakv-demo-probe"])
+        finally:
+            tier.close()
+    except (TierOpenError, BackendUnavailable, ValueError, TypeError) as error:
+        return str(error)
+    finally:
+        tiers_log.setLevel(level)
+    return None
 
 
 def describe_tier(spec: str) -> str:
