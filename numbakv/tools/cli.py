@@ -55,11 +55,16 @@ def non_negative_int(text: str) -> int:
 
 
 def output_file(text: str) -> str:
-    """argparse type: a file that can be written (its directory exists; it is not a directory)."""
+    """argparse type: a file that can be written (its directory exists; it is not a directory,
+    nor a device or a pipe, which a file written whole then renamed into place would replace)."""
     path = Path(text)
     directory = path.parent
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"got {text!r}, expected a file name, not a directory")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected a regular file's name, not a device or a pipe"
+        )
     if not directory.is_dir():
         raise argparse.ArgumentTypeError(
             f"got {text!r}, expected a file in an existing directory ({directory} is not one)"

@@ -97,8 +97,9 @@ def _parse_chain(line: bytes, where: str) -> list[int]:
 
 def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> None:
     """Write requests as a Mooncake-format jsonl file: all of it or, if interrupted, nothing (it
-    is written under a temporary name, then renamed)."""
-    path = Path(path)
+    is written under a temporary name, then renamed). A symbolic link is written through: the
+    file it names is replaced, not the link."""
+    path = Path(path).resolve()
     temporary = path.with_name(f".{path.name}.partial")
     try:
         with open(temporary, "w", encoding="utf-8") as out:

@@ -70,6 +70,7 @@ BAD_INPUT = [
     (workloads.main, ["--seed", "x", "--out", "{dir}/w.jsonl"], ["--seed", "'x'"]),
     (workloads.main, ["--out", "/missing/dir/w.jsonl"], ["--out", "'/missing/dir/w.jsonl'"]),
     (workloads.main, ["--out", "{dir}"], ["--out", "not a directory"]),
+    (workloads.main, ["--out", "/dev/null"], ["--out", "'/dev/null'", "not a device"]),
     (workloads.main, ["--kind", "nope", "--out", "{dir}/w.jsonl"], ["--kind", "'nope'", "chat"]),
     (workloads.main, [], ["required: --out"]),
     (demo.main, ["--sessions", "0"], ["--sessions", "'0'", ">= 1"]),

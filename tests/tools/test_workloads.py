@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -70,6 +71,22 @@ def test_an_interrupted_write_leaves_no_file(tmp_path) -> None:
     with pytest.raises(KeyboardInterrupt):
         write_trace(out, requests())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trace_written_to_a_link_replaces_the_file_it_names(tmp_path) -> None:
+    target, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    write_trace(link, [TraceRequest(0, 512, 1, [7])])
+    assert link.is_symlink() and read_hash_chains(target) == [[7]]
+
+
+def test_a_pipe_is_refused_as_out_without_waiting_on_it(tmp_path, capsys) -> None:
+    pipe = tmp_path / "pipe.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(pipe)])
+    assert exit_.value.code == 2 and "not a device or a pipe" in capsys.readouterr().err
 
 
 def test_module_runs_as_a_script(tmp_path) -> None:
