@@ -112,8 +112,11 @@ class MetricsDirectory:
         """Merge every file that can be read and merged now; never raises for what is on disk."""
         try:
             dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return Reading.of([], DirectoryState(self.path, exists=False))
+        except NotADirectoryError:
+            error = "the metrics directory's path names a file, not a directory"
+            return Reading.of([], DirectoryState(self.path, exists=True, error=error))
         except OSError as exc:
             error = f"cannot open the metrics directory: {exc.strerror}"
             return Reading.of([], DirectoryState(self.path, exists=True, error=error))

@@ -197,7 +197,8 @@ def _open_backend(
     try:
         return module.DiskBackend(settings, namespace, chunk_bytes)
     except OSError as error:  # the directory cannot be made or written
-        raise TierOpenError(f"dir:{settings.root_dir}: {error}") from None
+        why = error.strerror or error  # without the namespace's subdirectory, which is ours
+        raise TierOpenError(f"dir:{settings.root_dir}: {why}") from None
 
 
 def _check_known(kind: BackendKind, key: str) -> None:

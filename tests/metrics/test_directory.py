@@ -53,6 +53,21 @@ def samples(directory) -> dict:
     }
 
 
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda path: None, "does not exist"),
+        (lambda path: path.write_text("metrics"), "names a file, not a directory"),
+    ],
+    ids=["missing", "a file"],
+)
+def test_a_directory_that_is_not_there_says_which_way(tmp_path, make, said):
+    path = tmp_path / "metrics"
+    make(path)
+    (problem,) = MetricsDirectory(str(path)).read().state.problems
+    assert said in problem
+
+
 def test_a_file_reads_as_prometheus_client_wrote_it(tmp_path):
     write_metrics_file(tmp_path / "counter_1.db", [(COUNTER, 3.0)])
     data = read_one(tmp_path, "counter_1.db")

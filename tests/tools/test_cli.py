@@ -57,6 +57,9 @@ BAD_INPUT = [
         ["--policy", "no_such_module:Policy"],
     ),
     (replay_command.main, ["--store-threshold", "0"], ["--store-threshold", "'0'"]),
+    (replay_command.main, ["--route", "session"], ["--route", "--engines"]),
+    (replay_command.main, ["--tiering", "write-through"], ["--tiering", "--engines"]),
+    (replay_command.main, ["--lower-policy", "lru"], ["--lower-policy", "--engines"]),
     (replay_command.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),
     # a directory where no file can be made, even by root (issue 37: a traceback after the replay)
     (replay_command.main, ["--plot", "/proc/x.png"], ["--plot", "'/proc/x.png'", "can write"]),

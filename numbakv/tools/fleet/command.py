@@ -57,9 +57,8 @@ def add_fleet_arguments(parser: Parser) -> None:
     fleet.add_argument(
         "--route",
         choices=ROUTES,
-        default=SESSION,
         help="how the router picks an engine: by the request's session (a hash of its first "
-        "blocks past the prefix all requests share) or round-robin (default: %(default)s)",
+        f"blocks past the prefix all requests share) or round-robin (default: {SESSION})",
     )
     fleet.add_argument(
         "--disk-capacity",
@@ -77,11 +76,10 @@ def add_fleet_arguments(parser: Parser) -> None:
     )
     fleet.add_argument(
         "--tiering",
-        default=TIERINGS[0],
         metavar="MODES",
         help="how stored blocks reach the lower tiers, comma-separated: demote (a block "
         "evicted from host memory moves down) or write-through (stored in every tier at once) "
-        "(default: %(default)s)",
+        f"(default: {TIERINGS[0]})",
     )
     fleet.add_argument(
         "--lower-policy",
@@ -90,8 +88,21 @@ def add_fleet_arguments(parser: Parser) -> None:
     )
 
 
-def wants_fleet(args: argparse.Namespace) -> bool:
-    return args.engines is not None or (args.disk_capacity, args.shared_capacity) != ("0", "0")
+FLEET_ONLY = ("route", "tiering", "lower_policy")
+"""Options that shape a fleet and mean nothing to one engine's replay."""
+
+
+def wants_fleet(parser: Parser, args: argparse.Namespace) -> bool:
+    """Whether the arguments ask for a fleet; a fleet's option given without one is refused."""
+    if args.engines is not None or (args.disk_capacity, args.shared_capacity) != ("0", "0"):
+        return True
+    for name in FLEET_ONLY:
+        if getattr(args, name) is not None:
+            parser.error(
+                f"argument --{name.replace('_', '-')}: shapes a fleet; give --engines, "
+                "--disk-capacity or --shared-capacity with it"
+            )
+    return False
 
 
 @dataclass(frozen=True)
@@ -113,8 +124,9 @@ def check_fleet(
             resolve_policy(args.lower_policy)
         except (ValueError, TypeError):
             parser.bad("--lower-policy", args.lower_policy, "a policy --policy accepts")
-    tierings = comma_list(args.tiering)
-    for tiering in tierings or [args.tiering]:
+    given_tiering = args.tiering or TIERINGS[0]
+    tierings = comma_list(given_tiering)
+    for tiering in tierings or [given_tiering]:
         if tiering not in TIERINGS:
             parser.bad("--tiering", tiering, f"one or more of {', '.join(TIERINGS)}")
     disks = _lower_capacities(parser, "--disk-capacity", args.disk_capacity, args.block_bytes)
@@ -143,7 +155,7 @@ def check_fleet(
                                 policy=policy,
                                 lower_policy=args.lower_policy or "",
                                 tiering=tiering,
-                                route=args.route,
+                                route=args.route or SESSION,
                                 store_threshold=args.store_threshold,
                             )
                         )

@@ -193,7 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     plan = _check(parser, args)
     profile = read_profile(parser, args)
-    fleet = check_fleet(parser, args, plan.policies, plan.capacities) if wants_fleet(args) else None
+    fleet = (
+        check_fleet(parser, args, plan.policies, plan.capacities)
+        if wants_fleet(parser, args)
+        else None
+    )
     text = sys.stderr if args.json else sys.stdout
     source = args.trace or BUILT_IN
     try:
