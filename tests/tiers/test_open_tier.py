@@ -153,7 +153,7 @@ def test_opening_a_server_fails_in_one_line_for_each_reason(tmp_path):
             (f"redis://nobody:right-pw@{at}/0", "refused the password"),
             (f"redis://engine:right-pw@{at}/0", "refused the password"),
             (f"redis://:right-pw@{at}/99", "DB index is out of range"),
-            (f"redis://:right-pw@{at}/0?cluster=true", "Cluster"),
+            (f"redis://:right-pw@{at}/0?cluster=true", "not a cluster"),
         ]
         for url, reason in cases:
             with pytest.raises(TierOpenError, match=reason) as refused:
