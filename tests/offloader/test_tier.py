@@ -50,6 +50,16 @@ class Rig:
             hits = self.offloader.lookup(hashes)
         return hits
 
+    def demote_a_and_ask_for_it(self) -> None:
+        """Host memory full of b to e, a demoted to the tier, and the tier asked for a: the next
+        lookup of a promotes it, evicting b."""
+        offloader = self.offloader
+        offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+        offloader.wait(offloader.store([b"e"], [4]))  # evicts a: demoted
+        offloader.drain()
+        assert offloader.lookup([b"a"]) is None  # the tier is asked
+        offloader.drain()
+
     def load_and_check(self, hashes, from_gpu_blocks, into=(6, 7)) -> None:
         """Load `hashes` into GPU blocks `into`; each must hold what GPU block it came from held."""
         into = list(into)[: len(hashes)]
@@ -122,11 +132,7 @@ def test_a_store_held_for_a_demotion_copies_the_blocks_it_was_given(rig):
 def test_waiting_for_a_store_waits_for_its_slots_demotion_not_for_every_tier_job():
     rig = Rig(backend=SlowLoads())
     offloader, backend = rig.offloader, rig.backend
-    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
-    offloader.wait(offloader.store([b"e"], [4]))  # evicts a: demoted
-    offloader.drain()
-    assert offloader.lookup([b"a"]) is None  # the tier is asked
-    offloader.drain()
+    rig.demote_a_and_ask_for_it()
     assert offloader.lookup([b"a"]) is None  # it holds a: its promotion evicts b
     release = threading.Timer(10, backend.load_gate.set)  # a regression waits, then fails
     release.start()
@@ -150,11 +156,7 @@ def refuse(*job):
 
 def test_a_promotion_the_tier_refuses_after_its_demotion_is_a_miss_asked_again(rig, monkeypatch):
     offloader, backend = rig.offloader, rig.backend
-    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
-    offloader.wait(offloader.store([b"e"], [4]))  # evicts a: demoted
-    offloader.drain()
-    assert offloader.lookup([b"a"]) is None  # the tier is asked
-    offloader.drain()
+    rig.demote_a_and_ask_for_it()
     backend.gate.clear()
     assert offloader.lookup([b"a"]) is None  # it holds a: its promotion waits for b's demotion
     monkeypatch.setattr(rig.tier, "submit_load", refuse)
