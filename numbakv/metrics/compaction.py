@@ -118,7 +118,8 @@ def _fold(
     if not folded:
         return
     final = compacted_name(current.kind if current else dead[0].kind, generation)
-    _write(dir_fd, path, f"{final}.tmp", [metric for metric, _ in merged])
+    stamps = _latest_stamps([d for d in data if d.file.name not in skipped])
+    _write(dir_fd, path, f"{final}.tmp", [metric for metric, _ in merged], stamps)
     set_aside = [f"{name}.in-compacted-{generation}" for name in folded]
     for name, aside in zip(folded, set_aside):
         os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -127,8 +128,26 @@ def _fold(
         os.unlink(name, dir_fd=dir_fd)
 
 
-def _write(dir_fd: int, path: str, name: str, metrics: list[Metric]) -> None:
-    """Write merged metrics as a prometheus-client file, with the library's own writer."""
+def _latest_stamps(data: list) -> dict[tuple, float]:
+    """The time each mostrecent gauge's series was last set, by (sample name, labels without the
+    pid): the merge picks the newest value but drops its time, which the reader ranks it by (a
+    time of 0 loses to every other, so the series would never be served again)."""
+    stamps: dict[tuple, float] = {}
+    for file_data in data:
+        if file_data.file.kind.partition("_")[2] != "mostrecent":
+            continue
+        for _, samples in file_data.families.values():
+            for name, labels, _, timestamp in samples:
+                key = (name, tuple(labels))
+                stamps[key] = max(stamps.get(key, 0.0), timestamp or 0.0)
+    return stamps
+
+
+def _write(
+    dir_fd: int, path: str, name: str, metrics: list[Metric], stamps: dict[tuple, float]
+) -> None:
+    """Write merged metrics as a prometheus-client file, with the library's own writer, each
+    sample with its time (`stamps`, where the merge dropped it)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     os.close(os.open(name, flags, 0o644, dir_fd=dir_fd))
     values = MmapedDict(os.path.join(path, name))
@@ -143,7 +162,8 @@ def _write(dir_fd: int, path: str, name: str, metrics: list[Metric]) -> None:
                     list(labels.values()),
                     metric.documentation,
                 )
-                values.write_value(key, sample.value, sample.timestamp or 0.0)
+                stamp = stamps.get((sample.name, tuple(labels.items())), sample.timestamp)
+                values.write_value(key, sample.value, stamp or 0.0)
     finally:
         values.close()
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from numbakv.service.metrics_dir import MetricsDirectory
+from prometheus_client.mmap_dict import MmapedDict
 
 from numbakv.metrics import compaction
 from numbakv.metrics.directory import (
@@ -305,6 +306,31 @@ def test_compaction_folds_dead_writers_and_drops_their_live_gauges(restarts, tmp
     assert_compacted(directory)
     lookups = {k: v for k, v in before.items() if k[0] == "numbakv_lookups_total"}
     assert lookups[("numbakv_lookups_total", (("instance", "gpu0"), ("policy", "arc")))] == 4
+
+
+def test_compaction_keeps_each_mostrecent_gauge_at_its_newest_value(tmp_path):
+    """The merge picks a mostrecent gauge's newest value but drops its time; without it the
+    compacted value lost to every other (or vanished), however old they were."""
+    series = ("numbakv_temp", (("instance", "gpu0"),))
+
+    def dead_writer(pid: int, value: float, stamp: float) -> None:
+        values = MmapedDict(str(tmp_path / f"gauge_mostrecent_{pid}.db"))
+        try:
+            values.write_value(
+                key("numbakv_temp", "numbakv_temp", {"instance": "gpu0"}), value, stamp
+            )
+        finally:
+            values.close()
+
+    for pid, value, stamp in ((999991, 1.0, 100.0), (999992, 2.0, 200.0), (999993, 3.0, 150.0)):
+        dead_writer(pid, value, stamp)
+    assert samples(tmp_path)[series] == 2.0
+    compaction.compact(str(tmp_path), own_pid=os.getpid())
+    assert os.listdir(tmp_path) == ["gauge_mostrecent_compacted-1.db"]
+    assert samples(tmp_path)[series] == 2.0
+    dead_writer(999994, 4.0, 120.0)  # set before the compacted value was
+    compaction.compact(str(tmp_path), own_pid=os.getpid())
+    assert samples(tmp_path)[series] == 2.0
 
 
 REUSER = """
