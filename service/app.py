@@ -89,6 +89,8 @@ class Sidecar:
         """Read the directory now and serve the result; samples the rate window when due."""
         with self._lock:
             reading = self.directory.read()
+            if reading is None:  # a writer is compacting the directory: the last read stands
+                return self.snapshot
             taken_at = time.monotonic()
             snapshot = Snapshot(reading, totals_from(reading.metrics, taken_at), taken_at)
             before, after = self.snapshot.reading.state.problems, reading.state.problems

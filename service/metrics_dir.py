@@ -28,7 +28,7 @@ from numbakv.metrics.directory import (
 from numbakv.metrics.liveness import writer_alive
 
 LOCK_WAIT_S = 2.0
-"""How long a read waits for a writer's compaction to finish before it reads without the lock."""
+"""How long a read waits for a writer's compaction to finish; past it, the read is not made."""
 _EOF = b"# EOF\n"
 _LEGACY_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LEGACY_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -108,8 +108,10 @@ class MetricsDirectory:
         self.path = path
         self.max_file_bytes = max_file_bytes
 
-    def read(self) -> Reading:
-        """Merge every file that can be read and merged now; never raises for what is on disk."""
+    def read(self) -> Reading | None:
+        """Merge every file that can be read and merged now; never raises for what is on disk.
+        None while a writer compacts the directory (past LOCK_WAIT_S): read in the middle of its
+        renames, the files would count some series twice or not at all."""
         try:
             dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -121,7 +123,10 @@ class MetricsDirectory:
             error = f"cannot open the metrics directory: {exc.strerror}"
             return Reading.of([], DirectoryState(self.path, exists=True, error=error))
         try:
-            files, skipped, dead = self._read_files(dir_fd)
+            read = self._read_files(dir_fd)
+            if read is None:
+                return None
+            files, skipped, dead = read
         except OSError as exc:
             error = f"cannot list the metrics directory: {exc.strerror}"
             return Reading.of([], DirectoryState(self.path, exists=True, error=error))
@@ -132,10 +137,13 @@ class MetricsDirectory:
         state = DirectoryState(self.path, True, len(files) - len(unmerged), skipped, dead)
         return Reading.of(families, state)
 
-    def _read_files(self, dir_fd: int) -> tuple[list[FileData], dict[str, str], int]:
-        """The files' data, the files skipped, and how many writers are dead."""
+    def _read_files(self, dir_fd: int) -> tuple[list[FileData], dict[str, str], int] | None:
+        """The files' data, the files skipped, and how many writers are dead; None while a
+        writer compacts the directory."""
         # Shared with other readers; a compacting writer waits for it, and we for its few ms.
-        with directory_lock(dir_fd, exclusive=False, timeout_s=LOCK_WAIT_S):
+        with directory_lock(dir_fd, exclusive=False, timeout_s=LOCK_WAIT_S) as locked:
+            if locked is False:
+                return None
             listing = list_directory(os.listdir(dir_fd))
             dead = {pid for pid, lock in listing.writers.items() if not writer_alive(dir_fd, lock)}
             skipped = dict.fromkeys(listing.unknown, "not a file name prometheus-client writes")

@@ -152,8 +152,10 @@ def list_directory(names: Iterable[str]) -> Listing:
 
 
 @contextmanager
-def directory_lock(dir_fd: int, exclusive: bool, timeout_s: float) -> Iterator[bool]:
-    """Hold the directory's lock (shared or exclusive) for the block; yields whether it got it.
+def directory_lock(dir_fd: int, exclusive: bool, timeout_s: float) -> Iterator[bool | None]:
+    """Hold the directory's lock (shared or exclusive) for the block; yields True when it got it,
+    False when another held it past ``timeout_s``, None where there is no lock to take (no lock
+    file that a reader may open, or a file system without locks: then no one can hold it either).
 
     Writers create the lock file; a reader on a read-only mount finds it or does without. Waits at
     most ``timeout_s``, polling: an engine or a sidecar never hangs on another's lock.
@@ -162,14 +164,14 @@ def directory_lock(dir_fd: int, exclusive: bool, timeout_s: float) -> Iterator[b
     try:
         fd = os.open(DIRECTORY_LOCK, flags | _OPEN_FLAGS, 0o644, dir_fd=dir_fd)
     except OSError:
-        yield False
+        yield None
         return
     try:
         operation = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         try:
-            locked = stat.S_ISREG(os.fstat(fd).st_mode) and flock(fd, operation, timeout_s)
+            locked = flock(fd, operation, timeout_s) if stat.S_ISREG(os.fstat(fd).st_mode) else None
         except OSError:  # a file system without locks
-            locked = False
+            locked = None
         yield locked
     finally:
         os.close(fd)  # releases the lock

@@ -15,7 +15,10 @@ import sys
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from numbakv.service import metrics_dir
+from numbakv.service.app import Sidecar
 from numbakv.service.metrics_dir import MetricsDirectory
+from numbakv.service.settings import Settings
 from prometheus_client.mmap_dict import MmapedDict
 
 from numbakv.metrics import compaction
@@ -23,6 +26,7 @@ from numbakv.metrics.directory import (
     DbFile,
     FileData,
     Unreadable,
+    directory_lock,
     list_directory,
     merge,
     parse_name,
@@ -331,6 +335,24 @@ def test_compaction_keeps_each_mostrecent_gauge_at_its_newest_value(tmp_path):
     dead_writer(999994, 4.0, 120.0)  # set before the compacted value was
     compaction.compact(str(tmp_path), own_pid=os.getpid())
     assert samples(tmp_path)[series] == 2.0
+
+
+def test_no_read_is_made_while_a_writer_compacts_past_the_wait(tmp_path, monkeypatch):
+    """Read in the middle of a compaction's renames, the files count some series twice or not
+    at all (a counter seen to fall): the sidecar serves its last reading instead."""
+    run_writers(tmp_path, ("gpu0", 1))
+    sidecar = Sidecar(Settings(metrics_dir=str(tmp_path)))
+    last = sidecar.refresh()
+    monkeypatch.setattr(metrics_dir, "LOCK_WAIT_S", 0.05)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with directory_lock(dir_fd, exclusive=True, timeout_s=1.0) as locked:  # the compactor
+            assert locked
+            assert MetricsDirectory(str(tmp_path)).read() is None
+            assert sidecar.refresh() is last
+    finally:
+        os.close(dir_fd)
+    assert sidecar.refresh() is not last and sidecar.snapshot.reading.text == last.reading.text
 
 
 REUSER = """
