@@ -120,8 +120,8 @@ class ChunkTierManager(SecondaryTierManager):
         if locality is not None and locality not in Locality._value2member_map_:
             raise ValueError(f"{tier_type} locality must be LOCAL or REMOTE, got {locality!r}")
         self.locality = Locality(locality) if locality is not None else self.default_locality
-        self.namespace = namespace_of(offloading_spec)
         rows, row_bytes = len(primary_kv_view), primary_kv_view.strides[0]
+        self.namespace = namespace_of(offloading_spec, row_bytes)
         host_pool = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(rows, row_bytes)
         emit = enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
         url, backend_settings = self.tier_url(backend_settings, removal_events=emit)
@@ -136,6 +136,7 @@ class ChunkTierManager(SecondaryTierManager):
             raise
         self._lookups = _Lookups(self.tier, tier_type)
         self._job_keys: dict[int, list[OffloadKey]] = {}  # jobs in flight
+        self._refused: list[tuple[Direction, TransferJob]] = []  # refused, not yet reported
         self._events: list[OffloadingEvent] | None = [] if emit else None
         # What get_stats reports: each series' vLLM name, labels, and what it last reported.
         self._reported = [
@@ -180,19 +181,34 @@ class ChunkTierManager(SecondaryTierManager):
         return LookupResult.HIT if found else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        self.tier.submit_store(job_metadata.job_id, keys, job_metadata.chunk_ids)
-        self._job_keys[job_metadata.job_id] = keys  # reported on this thread, never before this
+        self._submit(Direction.STORE, job_metadata)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        self.tier.submit_load(job_metadata.job_id, keys, job_metadata.chunk_ids)
-        self._job_keys[job_metadata.job_id] = keys
+        self._submit(Direction.LOAD, job_metadata)
+
+    def _submit(self, direction: Direction, job: TransferJob) -> None:
+        """Hand the job to the tier. One it refuses (chunk ids out of range or repeated, a tier
+        closed) is a failed job, reported by the next `get_finished_jobs` as vLLM's own tiers
+        report it: vLLM has pinned its chunks already, and releases them only on a result."""
+        keys = list(job.keys)
+        submit = self.tier.submit_load if direction is Direction.LOAD else self.tier.submit_store
+        try:
+            submit(job.job_id, keys, job.chunk_ids)
+        except (ValueError, TypeError, RuntimeError) as error:
+            logger.warning("numbakv %s: job %s refused: %s", self.tier_type, job.job_id, error)
+            self._refused.append((direction, job))
+            return
+        self._job_keys[job.job_id] = keys  # reported on this thread, never before this
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """Finished jobs; a failed load names the chunks it did move, and its failed chunks are
         misses from now on (vLLM asks again after a failed promotion)."""
         results = []
+        for direction, refused in self._refused:
+            if direction is Direction.LOAD:  # a miss from now on, as a failed load's chunks
+                self._lookups.mark_miss(refused.keys)
+            results.append(JobResult(job_id=refused.job_id, success=False))
+        self._refused.clear()
         for job in self.tier.take_finished():
             keys = self._job_keys.pop(job.job_id)
             failed = set(job.failed_keys)
@@ -221,7 +237,7 @@ class ChunkTierManager(SecondaryTierManager):
         self.tier.touch(list(keys))
 
     def has_pending_work(self) -> bool:
-        return bool(self._job_keys)
+        return bool(self._job_keys or self._refused)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events:
@@ -272,9 +288,13 @@ class ChunkTierManager(SecondaryTierManager):
         return stats
 
 
-def namespace_of(offloading_spec: OffloadingSpec) -> Namespace:
-    """What the primary tier's rows mean, from vLLM's offloading config and, inside an engine,
-    its model config (heads, head size and revision: 1, 1 and "" outside one, as in tests)."""
+def namespace_of(offloading_spec: OffloadingSpec, row_bytes: int) -> Namespace:
+    """What the primary tier's rows (`row_bytes` each) mean, from vLLM's offloading config and,
+    inside an engine, its model config (heads, head size and revision: 1, 1 and "" outside one,
+    as in tests). The row's size is named too: how many copies of a chunk a row holds (one per
+    rank, or one for all where vLLM replicates), and its padding, are the engine's choice, and
+    engines whose rows differ must never read each other's chunks (each would fail the other's
+    length check and delete it)."""
     config = offloading_spec.config
     layers = sum(len(group.layer_names) for group in config.groups)
     vllm_config = get_current_vllm_config_or_none()
@@ -291,13 +311,14 @@ def namespace_of(offloading_spec: OffloadingSpec) -> Namespace:
             "canonical" if config.canonical_layout else "direct",
             "groups" + ",".join(str(g.tokens_per_block) for g in config.groups),
             f"pp{parallel.pp_size}pcp{parallel.pcp_size}dcp{parallel.dcp_size}",
+            f"row{row_bytes}",
         )
     )
     return Namespace(
         model=config.model.name,
         revision=revision,
         dtype=str(config.model.dtype),
-        tokens_per_block=config.groups[0].tokens_per_block,
+        tokens_per_block=config.groups[0].tokens_per_block if config.groups else 1,
         blocks_per_chunk=config.cache.blocks_per_chunk,
         num_layers=max(layers, 1),
         num_kv_heads=heads,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from numbakv.integrations.vllm import NumbaKVDiskTier
+from numbakv.integrations.vllm.tiers import namespace_of
+from numbakv.tiers import open_tier
 from numbakv.tiers.disk import ALIGNMENT
 from tests.support.tier_engine import (
     CHUNK_BYTES,
@@ -191,12 +194,17 @@ def test_a_failed_load_beside_a_newer_probe_of_its_chunk_keeps_the_scheduler_goi
     reader.get_manager().shutdown()
 
 
-def test_a_refused_job_leaves_no_pending_work(tmp_path):
+@pytest.mark.parametrize("chunk_ids", [[3, 3], [3, 1 << 40]], ids=["repeated", "out of range"])
+def test_a_refused_job_is_a_failed_job_and_leaves_no_pending_work(tmp_path, chunk_ids):
+    """As vLLM's own tiers do: the scheduler has pinned the chunks, and releases them only on a
+    job's result."""
     (tier,) = engine("engine-a", disk_tier(tmp_path)).get_manager().secondary_tiers
-    keys = keys_of("twice", 2)
-    job = TransferJob(1, keys, np.array([3, 3]), is_promotion=True, req_context=ReqContext("r"))
-    with pytest.raises(ValueError, match="distinct"):
-        tier.submit_load(job)
+    keys = keys_of("refused", 2)
+    job = TransferJob(1, keys, np.array(chunk_ids), is_promotion=True, req_context=ReqContext("r"))
+    tier.submit_load(job)
+    assert tier.has_pending_work()
+    (result,) = tier.get_finished_jobs()
+    assert (result.job_id, result.success) == (1, False)
     assert not tier.has_pending_work()
     tier.shutdown()
 
@@ -213,3 +221,37 @@ def test_vllm_config_info_names_the_tiers_namespace_chunk_and_capacity(tmp_path)
     assert disk["numbakv_namespace"] == tier.namespace.digest.hex()
     assert (disk["numbakv_chunk_bytes"], disk["numbakv_capacity_chunks"]) == (CHUNK_BYTES, 8)
     spec.get_manager().shutdown()
+
+
+def test_engines_whose_rows_differ_share_no_chunk_and_delete_none(tmp_path):
+    """vLLM lays one chunk per rank in a row, or one for all ranks where it replicates the
+    layout (MLA): same model, other bytes. Each engine must miss the other's chunks, not load
+    them, fail their length check and delete them."""
+    base = offloading_config(
+        {"cpu_bytes_to_use": 1 << 20}, worker_kv_bytes_per_block=4096, world_size=2
+    )
+    configs = [
+        dataclasses.replace(base, canonical_layout=True, replicated_layout=r) for r in (1, 0)
+    ]
+    namespaces = [
+        namespace_of(SimpleNamespace(config=c), row) for c, row in zip(configs, (4096, 8192))
+    ]
+    assert namespaces[0].digest != namespaces[1].digest
+    rows_a = np.random.default_rng(0).integers(0, 256, (2, 4096), dtype=np.uint8)
+    a, b = (
+        open_tier(f"dir:{tmp_path}", rows, ns, bytes_to_use=1 << 24)
+        for rows, ns in ((rows_a, namespaces[0]), (np.zeros((2, 8192), np.uint8), namespaces[1]))
+    )
+    a.submit_store(1, [b"k" * 32], [0])
+    a.drain()
+    assert a.take_finished()[0].success
+    assert b.contains([b"k" * 32]) == [False] and a.contains([b"k" * 32]) == [True]
+    a.close(), b.close()
+
+
+def test_a_config_without_kv_cache_groups_starts(tmp_path):
+    config = offloading_config(
+        {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [disk_tier(tmp_path)]}
+    )
+    manager = TieringOffloadingSpec(dataclasses.replace(config, groups=())).get_manager()
+    manager.shutdown()
