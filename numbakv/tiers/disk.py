@@ -228,6 +228,11 @@ class DiskBackend(ChunkBackend):
         with self._lock:
             self._index.touch(keys)
 
+    def indexed(self, keys: Sequence[bytes]) -> list[bool]:
+        """Which keys the index holds ready now (in memory: no file is looked at)."""
+        with self._lock:
+            return [bool(self._index.lookup((key,))) for key in keys]
+
     def take_removed(self) -> list[bytes]:
         """Keys whose files this backend removed (evicted, damaged or gone) since the last call;
         always empty unless the backend was made with `track_removals`."""

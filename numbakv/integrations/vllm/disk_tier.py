@@ -33,10 +33,18 @@ class NumbaKVDiskTier(ChunkTierManager):
         return "dir:", {**settings, "track_removals": removal_events}
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        """Chunks stored, then chunk files the disk index removed (evicted, damaged, gone)."""
-        yield from super().take_events()
+        """Chunks stored, and chunk files the disk index removed (evicted, damaged, gone), in the
+        order that leaves each chunk's last event true of the directory now: a file removed and
+        stored again since the last call is reported removed before the stores, one still gone
+        after them."""
         removed = self.tier.backend.take_removed()
-        if removed:
+        back = self.tier.backend.indexed(removed)
+        yield from self._removed([key for key, there in zip(removed, back) if there])
+        yield from super().take_events()
+        yield from self._removed([key for key, there in zip(removed, back) if not there])
+
+    def _removed(self, keys: list) -> Iterable[OffloadingEvent]:
+        if keys:
             yield OffloadingEvent(
-                keys=removed, medium=self.medium, removed=True, locality=self.locality
+                keys=keys, medium=self.medium, removed=True, locality=self.locality
             )

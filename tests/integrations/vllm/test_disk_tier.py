@@ -93,6 +93,33 @@ def test_the_bound_evicts_by_policy_with_vllms_touches_and_reports_removals(tmp_
     manager.shutdown()
 
 
+def test_a_file_removed_then_stored_again_is_reported_in_that_order(tmp_path):
+    """Events are read in batches: a chunk evicted and stored again in one batch must end on
+    its store, and the chunk its store evicted on its removal."""
+    extra = {
+        "cpu_bytes_to_use": 64 * CHUNK_BYTES,
+        "secondary_tiers": [disk_tier(tmp_path, files=3, enable_kv_events=True)],
+    }
+    config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
+    spec = TieringOffloadingSpec(
+        dataclasses.replace(config, engine_id="order", enable_kv_cache_events=True)
+    )
+    manager = spec.get_manager()
+    (tier,) = manager.secondary_tiers
+    first, last = keys_of("a", 3), keys_of("d", 1)
+    store(spec, "r1", first)
+    list(manager.take_events())
+    store(spec, "r2", last)  # evicts first[0]
+    tier.submit_store(manager.create_store_job(first[:1], ReqContext(req_id="r3"), 0))
+    tier.tier.drain()  # first[0] back, evicting first[1]
+    manager.on_schedule_end(STEP)
+    events = [(e.removed, list(e.keys)) for e in manager.take_events() if e.medium == tier.medium]
+    last_event = {key: removed for removed, keys in events for key in keys}
+    assert last_event == {first[0]: False, first[1]: True, last[0]: False}
+    assert tier.tier.backend.exists(first[:2]) == [True, False]
+    manager.shutdown()
+
+
 def test_a_damaged_file_is_a_failed_promotion_then_a_miss(tmp_path):
     config = disk_tier(tmp_path)
     writer = engine("engine-a", config)
