@@ -77,6 +77,11 @@ class ChunkBackend(ABC):
     def delete(self, keys: Sequence[bytes]) -> None:
         """Remove the keys' values, if present."""
 
+    @abstractmethod
+    def clear(self) -> int:
+        """Remove every value of this backend's namespace, whoever stored it (engines sharing the
+        store share the namespace); how many were removed."""
+
     def touch(self, keys: Sequence[bytes]) -> None:
         """Mark the keys as used now, the first as the most recent, for a store that evicts by
         its own policy (the disk tier); in memory only, never I/O. Others ignore it."""

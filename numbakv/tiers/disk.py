@@ -224,6 +224,20 @@ class DiskBackend(ChunkBackend):
             self._leaving.update(keys)
         self._unlink(keys)
 
+    def clear(self) -> int:
+        """Every chunk file of the namespace's directory removed (a file being read is read to
+        its end all the same; one being written lands after)."""
+        keys = []
+        for fan in os.scandir(self.directory):
+            if fan.is_dir():
+                for entry in os.scandir(fan.path):
+                    try:
+                        keys.append(bytes.fromhex(entry.name))
+                    except ValueError:
+                        continue  # a temporary file, or not ours
+        self.delete(keys)
+        return len(keys)
+
     def touch(self, keys: Sequence[bytes]) -> None:
         with self._lock:
             self._index.touch(keys)

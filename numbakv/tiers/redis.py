@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
@@ -76,6 +77,8 @@ REPLY_WINDOW = 1024
 """Commands with replies of a few bytes (SET, EXISTS, DEL) a connection has sent and not yet had
 answered. A batch of stores goes out whole before its first reply is read, paced by the socket's
 send buffer; the bound keeps the unread replies within the socket's receive buffer."""
+CLEAR_BATCH = 1000
+"""Keys a SCAN step asks for, and deleted by one pipeline, when a namespace is cleared."""
 STRIPE_BYTES = 8 << 20
 """The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
@@ -289,6 +292,22 @@ class RedisBackend(ChunkBackend):
 
     def delete(self, keys: Sequence[bytes]) -> None:
         self._pipelined(keys, lambda _, key: command(b"DEL", key), _reply)
+
+    def clear(self) -> int:
+        """Every key under this namespace's prefix removed, found by SCAN (on every primary of a
+        cluster), deleted in pipelines of CLEAR_BATCH."""
+        removed, batch = 0, []
+        try:
+            pattern = re.sub(rb"([*?[\]\\])", rb"\\\1", self._prefix) + b"*"  # prefix as is
+            for key in self._client.scan_iter(match=pattern, count=CLEAR_BATCH):
+                batch.append(key[len(self._prefix) :])
+                if len(batch) == CLEAR_BATCH:
+                    self.delete(batch)
+                    removed, batch = removed + len(batch), []
+        except _UNREACHABLE as error:
+            raise BackendUnavailable(f"{redacted(self.settings.url)}: {error}") from error
+        self.delete(batch)
+        return removed + len(batch)
 
     def close(self) -> None:
         self._stripes.shutdown()

@@ -262,6 +262,16 @@ class ChunkTier:
         backend keeps recency in memory (its policy's), or ignores it."""
         self.backend.touch(_checked_keys(keys))
 
+    def clear(self) -> int | None:
+        """Remove every chunk of this tier's namespace from the store, on the caller's thread
+        (every engine's alike: engines sharing a store share the namespace); how many, or None
+        when the store could not be reached. A store job in flight may land after it."""
+        removed = self._ask_backend(self.backend.clear, None)
+        if removed is not None:
+            with self._lock:
+                self._unloadable.clear()
+        return removed
+
     def submit_store(self, job_id: Hashable, keys: Sequence[bytes], rows: Sequence[int]) -> None:
         """Store the chunks in host-pool `rows` under `keys`; the rows must not change until done."""
         keys, rows = self._checked_job(keys, rows)

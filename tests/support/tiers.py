@@ -70,6 +70,12 @@ class DictBackend(ChunkBackend):
         for key in keys:
             self.values.pop(key, None)
 
+    def clear(self):
+        self._reach()
+        removed = len(self.values)
+        self.values.clear()
+        return removed
+
 
 class SlowLoads(DictBackend):
     """Loads wait for `load_gate` (and say they have begun); stores go through."""

@@ -375,6 +375,16 @@ def test_a_key_not_answered_fails_its_load_and_stays_found_one_absent_does_not()
     assert finished(tier)["again"].success
 
 
+def test_clear_empties_the_store_and_forgets_what_was_unloadable():
+    backend = DictBackend()
+    tier = tier_over(backend)
+    tier.submit_store("s", KEYS[:2], [0, 1])
+    finished(tier)
+    assert tier.clear() == 2 and tier.contains(KEYS[:2]) == [False, False]
+    backend.unavailable = True
+    assert tier.clear() is None
+
+
 def test_latency_histograms_count_lookups_and_jobs():
     tier = tier_over(DictBackend())
     tier.submit_store(1, KEYS[:2], [0, 1])

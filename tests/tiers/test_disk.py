@@ -346,6 +346,22 @@ def test_two_backends_sharing_a_directory_serve_each_other(tmp_path):
     assert b.backend.used_files() == 2
 
 
+def test_clear_removes_the_namespaces_files_another_engine_wrote_too(tmp_path):
+    pool_a, pool_b = aligned_pool(4, 13), aligned_pool(4, 14)
+    a = disk_tier(tmp_path, pool_a, files=8)
+    b = disk_tier(tmp_path, pool_b, files=8)
+    other = disk_tier(tmp_path, aligned_pool(4, 15), files=8, ns=namespace(dtype="bfloat16"))
+    a.submit_store("s", KEYS[:2], [0, 1])
+    b.submit_store("s", KEYS[2:3], [0])
+    other.submit_store("s", KEYS[:1], [0])
+    finished(a), finished(b), finished(other)
+    assert a.clear() == 3
+    assert chunk_files(a.backend) == [] and len(chunk_files(other.backend)) == 1
+    assert a.contains(KEYS[:3]) == b.contains(KEYS[:3]) == [False] * 3
+    a.submit_store("again", KEYS[:1], [0])
+    assert finished(a)["again"].success and a.contains(KEYS[:1]) == [True]
+
+
 def test_files_joining_a_full_index_never_evict_their_own_batchs_files(tmp_path):
     pool_a, pool_b = aligned_pool(6, 10), aligned_pool(4, 11)
     a = disk_tier(tmp_path, pool_a, files=2)

@@ -149,6 +149,22 @@ def test_namespaces_never_share_a_key(server):
     assert len(redis.Redis.from_url(server.url).keys("numbakv:*")) == 2
 
 
+def test_clear_removes_its_namespaces_keys_and_no_other(server):
+    prefix = "nk*v[1]"  # glob characters in the prefix match only themselves
+    one = tier(server.url, pool(4, 3), key_prefix=prefix)
+    other = tier(server.url, pool(4, 4), namespace(dtype="bfloat16"), key_prefix=prefix)
+    client = redis.Redis.from_url(server.url)
+    foreign = raw_key(one, b"foreign").replace(prefix.encode(), b"nk_v1")  # the glob would match
+    client.set(foreign, b"kept")
+    run(one, one.submit_store, 1, KEYS[:3], range(3))
+    run(other, other.submit_store, 2, KEYS[:2], range(2))
+    assert one.clear() == 3
+    assert one.contains(KEYS[:3]) == [False] * 3 and other.contains(KEYS[:2]) == [True] * 2
+    assert client.get(foreign) == b"kept"
+    run(one, one.submit_store, 3, KEYS[:1], [0])
+    assert one.contains(KEYS[:1]) == [True]
+
+
 @pytest.mark.parametrize("damage", ["corrupted", "truncated", "other_namespace"])
 def test_a_damaged_value_is_a_miss_counted_and_deleted(server, damage):
     chunk_tier = tier(server.url, pool(4, 5))

@@ -18,6 +18,7 @@ from typing import Any
 
 from numbakv.checks import positive
 from numbakv.tiers import parse_tier_url, tier_config
+from numbakv.tiers.registry import DISK
 
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
 """The keys SGLang reads itself (`interface_v1`: 1 for the zero-copy `batch_get_v1`/`batch_set_v1`)."""
@@ -64,3 +65,15 @@ def backend_settings(extra_config: Mapping[str, Any] | None) -> BackendSettings:
     tier_settings = {key: config[key] for key in set(config) - {*SGLANG_KEYS, *OWN_KEYS}}
     tier_config(tier, **tier_settings)  # every tier key and value, checked by name
     return BackendSettings(tier, tier_settings, bool(interface_v1), staging)
+
+
+def tier_share(settings: BackendSettings, shares: int) -> tuple[str, dict[str, Any]]:
+    """The URL and settings each of `shares` namespaces opens its tier with: a directory's
+    `bytes_to_use` (from the settings or the URL's query) divided among them, so that the
+    directory keeps at most what was asked in all; any other tier as given."""
+    parsed = parse_tier_url(settings.tier)
+    if parsed.kind is not DISK:
+        return settings.tier, settings.tier_settings
+    every = {**parsed.settings, **settings.tier_settings}
+    every["bytes_to_use"] = every["bytes_to_use"] // shares
+    return "dir:", every

@@ -173,10 +173,10 @@ class NumbaKVHiCacheStorage(HiCacheStorage):
         return self._log.take()
 
     def clear(self) -> bool:
-        """numbakv leaves a shared store's chunks to the store's own bound (a disk tier's
-        `bytes_to_use`, a server's maxmemory), so other engines keep theirs: nothing is cleared."""
-        logger.warning("numbakv HiCache backend: clear is not supported; nothing was removed")
-        return False
+        """Drop every page stored in this backend's namespace (SGLang's `/clear_hicache_storage`,
+        say after new weights under the same model name): every engine sharing the store loses
+        them too, as they share the namespace. Whether the store answered."""
+        return _answered(False, "clear", lambda: self._store.clear())
 
     def close(self) -> None:
         """Finish every transfer, then release the tier and the metrics."""

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from numbakv.integrations.sglang.namespace import head_shards, page_namespace
+from numbakv.integrations.sglang.namespace import head_shards, namespaces_in_fleet, page_namespace
 from numbakv.integrations.sglang.pages import PageMap, page_map
-from numbakv.integrations.sglang.settings import BackendSettings
+from numbakv.integrations.sglang.settings import BackendSettings, tier_share
 from numbakv.jobs import Direction, FinishedJob
 from numbakv.tiers import ChunkTier, open_tier
 
@@ -94,6 +94,7 @@ class HostPageStore:
         self._load_lock = threading.Lock()
         self._store_lock = threading.Lock()
         self._shards: list[_Shard] = []
+        url, tier_settings = tier_share(settings, namespaces_in_fleet(config))
         try:
             for shard, shard_map in enumerate(maps):
                 rows = (
@@ -103,11 +104,7 @@ class HostPageStore:
                 )
                 namespace = page_namespace(config, host_pool, shard, chunk_bytes)
                 tier = open_tier(
-                    settings.tier,
-                    rows,
-                    namespace,
-                    on_job_done=self._jobs.finished,
-                    **settings.tier_settings,
+                    url, rows, namespace, on_job_done=self._jobs.finished, **tier_settings
                 )
                 self._shards.append(_Shard(tier, rows, shard_map))
         except BaseException:
@@ -185,6 +182,11 @@ class HostPageStore:
                 row[:] = view
 
         return self._staged(Direction.STORE, encoded, stage)
+
+    def clear(self) -> bool:
+        """Every page of this backend's namespaces removed from the store (every head group's);
+        whether the store answered for each."""
+        return all(shard.tier.clear() is not None for shard in self._shards)
 
     def close(self) -> None:
         """Finish every job, then release the tiers (their threads, connections, files)."""

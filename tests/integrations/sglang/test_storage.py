@@ -126,6 +126,18 @@ def test_batches_larger_than_the_staging_rows_move_in_parts(tmp_path):
     reader.close()
 
 
+def test_clear_drops_every_page_of_the_namespace_and_no_other(tier):
+    pool = host_pool("page_first", seed=7)
+    writer = stored(tier, pool)
+    other = stored(tier, pool, model_name="other")
+    assert writer.clear() is True
+    assert writer.batch_exists(KEYS) == 0 and other.batch_exists(KEYS) == len(KEYS)
+    assert writer.batch_set_v1(KEYS[:1], page_indices(PAGES[:1], pool.page_size)) == [True]
+    assert writer.batch_exists(KEYS) == 1
+    writer.close()
+    other.close()
+
+
 @pytest.mark.parametrize(
     ("reader", "found"),
     [
@@ -161,6 +173,28 @@ def test_mla_pages_are_shared_by_every_rank_and_tp_size(tmp_path):
     assert [page_bytes(into, p) for p in PAGES] == [page_bytes(pool, p) for p in PAGES]
     writer.close()
     reader.close()
+
+
+def test_the_ranks_of_one_model_keep_the_directory_within_bytes_to_use(tmp_path):
+    """Each TP rank's heads are a namespace of their own, a directory each: they share the
+    bound, so the model's pages keep at most `bytes_to_use` in all."""
+    probe = backend(
+        storage_config({"tier": f"dir:{tmp_path / 'probe'}", "bytes_to_use": 1 << 30}),
+        host_pool("page_first"),
+    )
+    file_bytes = probe.pages._shards[0].tier.backend.file_bytes
+    probe.close()
+    extra = {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": 4 * file_bytes, "interface_v1": 1}
+    for rank in range(2):
+        pool = host_pool("page_first", seed=rank)
+        ranked = backend(storage_config(extra, tp_rank=rank, tp_size=2), pool)
+        for first in (0, 2):  # two pages a batch: the rank's share is two files
+            pages = keys(2, first=first)
+            stored = ranked.batch_set_v1(pages, page_indices([first, first + 1], pool.page_size))
+            assert stored == [True, True]
+        ranked.close()
+    on_disk = [f for _, _, files in os.walk(tmp_path / "kv") for f in files]
+    assert len(on_disk) == 4
 
 
 def test_tp_lcm_size_shares_head_groups_between_tp4_and_tp8(tmp_path):
