@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -104,7 +105,8 @@ def _share(part: float, whole: float) -> float | None:
 
 
 def _whole(total: float | None) -> int | None:
-    return None if total is None else round(total)
+    """A count as a whole number; None where there is none (or a gauge holds NaN or infinity)."""
+    return None if total is None or not math.isfinite(total) else round(total)
 
 
 def _tier_stats(now: Totals, then: Totals | None) -> dict[str, TierStats]:

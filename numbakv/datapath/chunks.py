@@ -137,7 +137,7 @@ class ChunkTransfers:
                 self.engines[group].check_host_ids(direction, host_ids),
             )
             for group, gpu_ids, host_ids in self._parts(
-                np.asarray(gpu_block_ids), group_sizes, block_indices, chunk_ids
+                as_ids("gpu_block_ids", gpu_block_ids), group_sizes, block_indices, chunk_ids
             )
         ]
         wait_event = None if self._compute_stream is None else self._compute_stream()

@@ -302,7 +302,7 @@ def _check_key(key: str, typ: str) -> tuple[str, str, tuple[tuple[str, str], ...
     """The parsed key, or why it is not one."""
     try:
         parts = json.loads(key)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
         return f"a key is not JSON: {key[:80]!r}"
     if not (isinstance(parts, list) and len(parts) == 4):
         return f"a key is not [metric, sample, labels, help]: {key[:80]!r}"

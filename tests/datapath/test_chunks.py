@@ -273,10 +273,10 @@ def test_a_store_its_only_engine_fails_to_queue_leaves_its_chunks_unloadable(mon
         transfers.submit(2, "load", np.array([0]), [1], [0], np.array([3]))
 
 
-def test_an_empty_job_is_reported_like_any_other():
+@pytest.mark.parametrize("gpu_ids", [np.empty(0, dtype=np.int64), []], ids=["array", "list"])
+def test_an_empty_job_is_reported_like_any_other(gpu_ids):
     transfers = _transfers(_tensors(np.random.default_rng(4)), GROUPINGS["one group"], 1)
-    empty = np.empty(0, dtype=np.int64)
-    transfers.submit(1, "load", empty, [0], [0], empty)
+    transfers.submit(1, "load", gpu_ids, [0], [0], np.empty(0, dtype=np.int64))
     transfers.wait({1, 99})  # unknown jobs are skipped
     assert transfers.get_finished()[0].job_id == 1
     assert transfers.jobs_in_flight == 0

@@ -116,6 +116,17 @@ def test_a_malformed_key_makes_its_file_unreadable(tmp_path, entry, reason):
         read_one(tmp_path, "counter_1.db")
 
 
+def test_a_key_nested_past_what_python_parses_is_skipped_and_compaction_goes_on(tmp_path):
+    write_metrics_file(tmp_path / "counter_999991.db", [("[" * 5000 + "]" * 5000, 1.0)])
+    write_metrics_file(
+        tmp_path / "counter_999992.db", [(key("numbakv_x", "numbakv_x_total", {}), 2.0)]
+    )
+    compaction.compact(str(tmp_path), own_pid=os.getpid())
+    assert sorted(os.listdir(tmp_path)) == ["counter_999991.db", "counter_compacted-1.db"]
+    skipped = MetricsDirectory(str(tmp_path)).read().state.skipped
+    assert list(skipped) == ["counter_999991.db"] and "not JSON" in skipped["counter_999991.db"]
+
+
 def test_a_bucket_bound_must_be_a_number_in_a_histogram(tmp_path):
     bucket = key("t", "t_bucket", {"le": "abc"})
     write_metrics_file(tmp_path / "histogram_1.db", [(bucket, 1.0)])

@@ -115,6 +115,22 @@ def test_stays_up_and_says_so_when_the_directory_is_bad(tmp_path, metrics_dir, c
         )  # the other files still served
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_gauge_that_is_no_number_leaves_stats_answering(tmp_path, value):
+    labels = {"tier": "disk", "instance": "gpu0"}
+    write_metrics_file(
+        tmp_path / "gauge_sum_999991.db",
+        [
+            (key("numbakv_tier_used_chunks", "numbakv_tier_used_chunks", labels), value),
+            (key("numbakv_tier_capacity_chunks", "numbakv_tier_capacity_chunks", labels), 10.0),
+        ],
+    )
+    with client(tmp_path) as c:
+        stats = c.get("/stats")
+    assert stats.status_code == 200
+    assert stats.json()["tiers"]["disk"]["used_chunks"] is None
+
+
 def test_stats_summarises_rates_over_the_window(tmp_path):
     run_writers(tmp_path, ("gpu0", 1))
     with client(tmp_path) as c:
