@@ -198,6 +198,7 @@ class ChunkTransfers:
         job = self._jobs[job_id]
         for group in queued:
             self.engines[group].wait(job_id)
+            self.engines[group].get_finished()  # reaps the part: the job's id is free again
         if job.direction is Direction.STORE:
             self._unloadable[job.chunk_ids] = True
         del self._jobs[job_id]

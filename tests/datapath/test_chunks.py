@@ -258,6 +258,23 @@ def test_a_job_refused_half_way_waits_for_its_queued_part_and_reports_nothing(mo
         transfers.submit(2, "load", np.array([0]), [1, 0], [0, 0], np.array([2]))
 
 
+def test_a_job_refused_half_way_can_be_submitted_again_under_its_id(monkeypatch):
+    transfers = _transfers(
+        _tensors(np.random.default_rng(3)), GROUPINGS["two groups, two pools"], 1
+    )
+
+    def driver_error(*_args):
+        raise RuntimeError("injected driver failure")
+
+    monkeypatch.setattr(transfers.engines[1], "enqueue", driver_error)
+    with pytest.raises(RuntimeError, match="injected"):
+        transfers.submit(1, "store", np.array([0, 1]), [1, 1], [0, 0], np.array([2, 3]))
+    monkeypatch.undo()  # the driver is back
+    transfers.submit(1, "store", np.array([0, 1]), [1, 1], [0, 0], np.array([2, 3]))
+    transfers.wait([1])
+    assert [(job.job_id, job.success) for job in transfers.get_finished()] == [(1, True)]
+
+
 def test_a_store_its_only_engine_fails_to_queue_leaves_its_chunks_unloadable(monkeypatch):
     """A staged store can have written some rounds before the one that failed."""
     transfers = _transfers(_tensors(np.random.default_rng(5)), GROUPINGS["one group"], 1)
