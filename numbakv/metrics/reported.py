@@ -29,6 +29,17 @@ class ReportedSeries:
         self.type = type
         self.last: Any = 0 if type == "counter" else None
 
+    def start_from(self, source: Any) -> None:
+        """Take what ``source`` holds now as reported already: a counter or a histogram then
+        reports only what it moves from here; a gauge reports its next read, whatever it is."""
+        if self.type == "gauge":
+            self.last = None
+        elif self.type == "histogram":
+            value = self.read(source)
+            self.last = list(value[0]), value[1]
+        else:
+            self.last = self.read(source)
+
     def change(self, source: Any) -> Any:
         """What changed in ``source`` since the last report, now reported; None if nothing did.
 

@@ -4,7 +4,9 @@ metrics, one prometheus-client metric per definition of :mod:`numbakv.metrics.de
 from __future__ import annotations
 
 import operator
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -49,6 +51,7 @@ class MultiprocessWriter:
     ) -> None:
         self._path = path
         self._lock = threading.Lock()
+        _WRITERS.add(self)
         # What each sync reads, once, and the rows of the series read from it. A child is
         # created only for a series exported (in the directory, creating one writes a 0).
         self._sources: list[tuple[Callable[[], Any], list[Row]]] = []
@@ -91,6 +94,28 @@ class MultiprocessWriter:
                     change = series.change(source)
                     if change is not None:
                         write(change)
+
+    def _start_over_in_child(self) -> None:
+        """In a forked child: report only what changes from now on. The child's copies of the
+        running totals still hold what the parent had not yet synced, which the parent reports
+        itself; the lock is new, as another thread may have held the parent's at the fork."""
+        self._lock = threading.Lock()
+        for read, rows in self._sources:
+            source = read()
+            for _, series in rows:
+                series.start_from(source)
+
+
+_WRITERS: weakref.WeakSet[MultiprocessWriter] = weakref.WeakSet()
+"""Every writer of this process, started over in a forked child."""
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_WRITERS):
+        writer._start_over_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _rows(series: list, labels: tuple[str, ...]) -> list[Row]:

@@ -143,6 +143,34 @@ def test_a_forked_child_does_not_keep_its_parent_alive(tmp_path):
         os.kill(child, signal.SIGKILL)
 
 
+def test_a_forked_child_reports_only_what_it_does_itself(tmp_path):
+    """The child's copies of the totals hold what the parent has not synced yet: the parent
+    reports that, so the child must not."""
+    run_engine_process(
+        "import os\n"
+        "from tests.support.metrics_fakes import FakeManager\n"
+        "from numbakv.jobs import Direction, FinishedJob\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "metrics = OffloadMetrics(FakeManager(), instance='e')\n"
+        "job = lambda name: FinishedJob(name, Direction.STORE, True, 1000, 0.001)\n"
+        "metrics.on_job_done(job('synced')); metrics.sync()\n"
+        "metrics.on_job_done(job('parent, not yet synced'))\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    metrics.on_job_done(job('the child')); metrics.sync(); os._exit(0)\n"
+        "os.waitpid(child, 0)\n"
+        "metrics.sync()\n",
+        tmp_path,
+    )
+    totals = {
+        name: value
+        for (name, labels), value in merged_samples(tmp_path).items()
+        if name.startswith("numbakv_transfer_") and ("direction", "store") in labels
+    }
+    assert totals["numbakv_transfer_jobs_total"] == 3
+    assert totals["numbakv_transfer_bytes_total"] == 3000
+
+
 def test_threads_of_one_process_join_the_directory_once(tmp_path):
     run_engine_process(
         "import threading\n"
