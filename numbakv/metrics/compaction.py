@@ -50,8 +50,12 @@ FOLDED_GAUGE_MODES = frozenset({"sum", "min", "max", "mostrecent"})
 """Gauge modes that keep counting a dead process's value: folded like counters."""
 
 
-def compact(path: str, own_pid: int) -> None:
-    """Fold the dead processes' files in ``path``; the caller holds the directory lock exclusively."""
+def compact(path: str) -> None:
+    """Fold the dead processes' files in ``path``; the caller holds the directory lock exclusively.
+
+    A file is a dead process's when no process has it open for writing, whatever its PID: one
+    named with the caller's own PID and not open is a predecessor's that had the same PID (a
+    restarted container's engine, say); the caller's own files are open."""
     dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         listing = list_directory(os.listdir(dir_fd))
@@ -63,7 +67,7 @@ def compact(path: str, own_pid: int) -> None:
         generation = 1 + max((db.generation for db in newest.values()), default=0)
         dead: dict[str, list[DbFile]] = defaultdict(list)
         for db in listing.files:
-            if db.pid is None or db.pid == own_pid or open_for_writing(dir_fd, db.name):
+            if db.pid is None or open_for_writing(dir_fd, db.name):
                 continue
             if db.live:
                 os.unlink(db.name, dir_fd=dir_fd)

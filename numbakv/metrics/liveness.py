@@ -154,7 +154,7 @@ def _join(path: str) -> None:
         with directory_lock(dir_fd, exclusive=True, timeout_s=LOCK_WAIT_S) as locked:
             if locked:
                 try:
-                    compact(path, pid)
+                    compact(path)
                     forget_dead_writers(dir_fd)
                 except Exception:  # metrics must not stop an engine from starting
                     logger.warning("%s: compaction failed", path, exc_info=True)

@@ -121,7 +121,7 @@ def test_a_key_nested_past_what_python_parses_is_skipped_and_compaction_goes_on(
     write_metrics_file(
         tmp_path / "counter_999992.db", [(key("numbakv_x", "numbakv_x_total", {}), 2.0)]
     )
-    compaction.compact(str(tmp_path), own_pid=os.getpid())
+    compaction.compact(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["counter_999991.db", "counter_compacted-1.db"]
     skipped = MetricsDirectory(str(tmp_path)).read().state.skipped
     assert list(skipped) == ["counter_999991.db"] and "not JSON" in skipped["counter_999991.db"]
@@ -248,7 +248,7 @@ def restarts(tmp_path_factory):
     directory = tmp_path_factory.mktemp("restarts")
     run_writers(directory, ("gpu0", 1), ("gpu1", 2))
     kill(start_writer(directory, "gpu2"), signal.SIGKILL)
-    compaction.compact(str(directory), own_pid=os.getpid())
+    compaction.compact(str(directory))
     run_writers(directory, ("gpu0", 1))
     kill(start_writer(directory, "gpu3"), signal.SIGKILL)
     kill(start_writer(directory, "gpu3"), signal.SIGTERM)
@@ -262,7 +262,7 @@ def compaction_steps(directory) -> int:
     try:
         os.rename = lambda *a, **k: (calls.append(1), real[0](*a, **k))[1]
         os.unlink = lambda *a, **k: (calls.append(1), real[1](*a, **k))[1]
-        compaction.compact(str(directory), own_pid=os.getpid())
+        compaction.compact(str(directory))
     finally:
         os.rename, os.unlink = real
     return len(calls)
@@ -294,9 +294,9 @@ def test_compaction_interrupted_at_any_step_leaves_a_directory_that_reads_the_sa
             patch.setattr(os, "rename", step(os.rename))
             patch.setattr(os, "unlink", step(os.unlink))
             with pytest.raises(Crash):
-                compaction.compact(str(directory), own_pid=os.getpid())
+                compaction.compact(str(directory))
         assert samples(directory) == expected, f"interrupted after {crash_at} steps"
-        compaction.compact(str(directory), own_pid=os.getpid())  # recovery, then the job
+        compaction.compact(str(directory))  # recovery, then the job
         assert samples(directory) == expected, f"recovered after {crash_at} steps"
         assert_compacted(directory)
 
@@ -316,7 +316,7 @@ def test_compaction_folds_dead_writers_and_drops_their_live_gauges(restarts, tmp
     directory = shutil.copytree(restarts, tmp_path / "d")
     before = samples(directory)
     assert any(name.startswith("gauge_livesum_") for name in os.listdir(directory))
-    compaction.compact(str(directory), own_pid=os.getpid())
+    compaction.compact(str(directory))
     assert samples(directory) == before
     assert_compacted(directory)
     lookups = {k: v for k, v in before.items() if k[0] == "numbakv_lookups_total"}
@@ -340,11 +340,11 @@ def test_compaction_keeps_each_mostrecent_gauge_at_its_newest_value(tmp_path):
     for pid, value, stamp in ((999991, 1.0, 100.0), (999992, 2.0, 200.0), (999993, 3.0, 150.0)):
         dead_writer(pid, value, stamp)
     assert samples(tmp_path)[series] == 2.0
-    compaction.compact(str(tmp_path), own_pid=os.getpid())
+    compaction.compact(str(tmp_path))
     assert os.listdir(tmp_path) == ["gauge_mostrecent_compacted-1.db"]
     assert samples(tmp_path)[series] == 2.0
     dead_writer(999994, 4.0, 120.0)  # set before the compacted value was
-    compaction.compact(str(tmp_path), own_pid=os.getpid())
+    compaction.compact(str(tmp_path))
     assert samples(tmp_path)[series] == 2.0
 
 
@@ -387,7 +387,7 @@ def test_compaction_leaves_files_a_live_process_has_open(tmp_path):
     )
     try:
         reuser.stdout.readline()
-        compaction.compact(str(tmp_path), own_pid=os.getpid())
+        compaction.compact(str(tmp_path))
         left = set(os.listdir(tmp_path))
         assert {"counter_4000001.db", f"counter_{live.pid}.db", f"histogram_{live.pid}.db"} <= left
         assert "counter_4000002.db" not in left and "counter_compacted-1.db" in left

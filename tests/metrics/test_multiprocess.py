@@ -171,6 +171,44 @@ def test_a_forked_child_reports_only_what_it_does_itself(tmp_path):
     assert totals["numbakv_transfer_bytes_total"] == 3000
 
 
+PREDECESSOR_OF_THE_SAME_PID = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+# what a killed predecessor that had this PID left: a live gauge of its instance "old"
+left = MmapedDict(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], f"gauge_livesum_{os.getpid()}.db"))
+left.write_value(mmap_key("numbakv_host_used_blocks", "numbakv_host_used_blocks", ["policy", "instance"], ["arc", "old"], "h"), 900.0, 0.0)
+left.close()
+from tests.support.metrics_fakes import FakeManager
+from numbakv.metrics import OffloadMetrics
+OffloadMetrics(FakeManager(), instance="new").sync()
+print(flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_dead_predecessors_files_under_this_processs_pid_are_compacted(tmp_path):
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    engine = subprocess.Popen(
+        [sys.executable, "-c", PREDECESSOR_OF_THE_SAME_PID, ROOT],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        engine.stdout.readline()
+        used = {
+            dict(labels)["instance"]: value
+            for (name, labels), value in merged_samples(tmp_path).items()
+            if name == "numbakv_host_used_blocks"
+        }
+    finally:
+        engine.stdin.close()
+        engine.wait(timeout=30)
+    assert list(used) == ["new"]
+
+
 def test_threads_of_one_process_join_the_directory_once(tmp_path):
     run_engine_process(
         "import threading\n"
