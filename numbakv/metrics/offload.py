@@ -4,6 +4,7 @@ manager's state, in-process or into the multiprocess directory, or not at all.""
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -19,6 +20,9 @@ from numbakv.metrics.writer import MultiprocessWriter
 
 if TYPE_CHECKING:  # the sidecar's image holds numbakv/metrics/ alone
     from numbakv.jobs import FinishedJob
+
+
+logger = logging.getLogger("numbakv.metrics")
 
 ENABLED_ENV = "NUMBAKV_METRICS"
 """Set to ``0`` (or ``false``/``off``) to turn metrics off process-wide."""
@@ -87,7 +91,12 @@ class OffloadMetrics:
 
         def run() -> None:
             while not self._stop.wait(interval_s):
-                self.sync()
+                try:
+                    self.sync()
+                except Exception:  # the thread lives on: metrics freezing would go unseen
+                    logger.exception(
+                        "numbakv metrics: sync failed; trying again in %s s", interval_s
+                    )
 
         self._thread = threading.Thread(target=run, name="numbakv-metrics-sync", daemon=True)
         self._thread.start()

@@ -83,6 +83,26 @@ def test_sync_writes_only_deltas(tmp_path):
             assert got[(name, labels)] == pytest.approx(2 * value), name
 
 
+def test_sync_thread_lives_on_past_a_failed_sync(tmp_path):
+    out = run_engine_process(
+        "import time\n"
+        "from tests.support.metrics_fakes import FakeManager\n"
+        "from numbakv.metrics import OffloadMetrics\n"
+        "m, reads = FakeManager(), []\n"
+        "stats = m.stats\n"
+        "def flaky():\n"
+        "    reads.append(1)\n"
+        "    if len(reads) == 2:\n"
+        "        raise OSError('No space left on device')\n"
+        "    return stats()\n"
+        "m.stats = flaky\n"
+        "om = OffloadMetrics(m, instance='gpu0'); om.start_sync_thread(0.01)\n"
+        "time.sleep(0.3); om.close(); print(len(reads))\n",
+        tmp_path,
+    )
+    assert int(out) > 3
+
+
 def test_sync_thread_publishes_without_explicit_syncs(tmp_path):
     run_engine_process(
         "import os, time\n"
