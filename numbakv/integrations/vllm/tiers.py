@@ -215,10 +215,11 @@ class ChunkTierManager(SecondaryTierManager):
             moved = tuple(key for key in keys if key not in failed)
             if job.direction is Direction.LOAD and failed:
                 self._lookups.mark_miss(failed)
-            elif job.direction is Direction.STORE and self._events is not None and moved:
+            elif job.direction is Direction.STORE and self._events is not None and job.success:
+                # a store that failed in part announces nothing, as vLLM's own tiers do
                 self._events.append(
                     OffloadingEvent(
-                        keys=list(moved), medium=self.medium, removed=False, locality=self.locality
+                        keys=keys, medium=self.medium, removed=False, locality=self.locality
                     )
                 )
             partial = job.direction is Direction.LOAD and failed and moved

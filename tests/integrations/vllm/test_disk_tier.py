@@ -120,6 +120,35 @@ def test_a_file_removed_then_stored_again_is_reported_in_that_order(tmp_path):
     manager.shutdown()
 
 
+def test_a_store_that_failed_in_part_announces_nothing(tmp_path, monkeypatch):
+    """As vLLM's own file tier: a store job with a failed chunk emits no event at all."""
+    extra = {
+        "cpu_bytes_to_use": 64 * CHUNK_BYTES,
+        "secondary_tiers": [disk_tier(tmp_path, enable_kv_events=True)],
+    }
+    config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
+    spec = TieringOffloadingSpec(
+        dataclasses.replace(config, engine_id="partial", enable_kv_cache_events=True)
+    )
+    manager = spec.get_manager()
+    (tier,) = manager.secondary_tiers
+    keys = keys_of("p", 2)
+    write_file = tier.tier.backend._write_file
+    monkeypatch.setattr(
+        tier.tier.backend,
+        "_write_file",
+        lambda key, *rest: key != keys[1] and write_file(key, *rest),
+    )
+    store(spec, "r1", keys)
+    stored = [e.keys for e in manager.take_events() if e.medium == tier.medium and not e.removed]
+    assert stored == [] and tier.tier.counters.dropped_stores == 1
+    monkeypatch.undo()
+    store(spec, "r2", keys_of("q", 2))
+    stored = [e.keys for e in manager.take_events() if e.medium == tier.medium and not e.removed]
+    assert stored == [keys_of("q", 2)]
+    manager.shutdown()
+
+
 def test_a_damaged_file_is_a_failed_promotion_then_a_miss(tmp_path):
     config = disk_tier(tmp_path)
     writer = engine("engine-a", config)
