@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 from numbakv.service.metrics_dir import MetricsDirectory
 
 from numbakv.metrics.liveness import writer_alive
-from tests.support.metrics_fakes import EXPECTED, ROOT, run_engine_process, run_writers
+from tests.support.metrics_fakes import (
+    EXPECTED,
+    run_engine_process,
+    run_writers,
+    start_engine_process,
+)
 
 GAUGES = ("numbakv_host_", "numbakv_arc_")
 
@@ -140,14 +143,7 @@ os._exit(0)
 
 
 def test_a_forked_child_does_not_keep_its_parent_alive(tmp_path):
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    parent = subprocess.Popen(
-        [sys.executable, "-c", FORKING_ENGINE, ROOT],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    parent = start_engine_process(FORKING_ENGINE, tmp_path)
     pids = sorted(int(parent.stdout.readline()) for _ in range(2))
     child = pids[1] if pids[0] == parent.pid else pids[0]
     dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -208,14 +204,7 @@ sys.stdin.read()
 
 
 def test_a_dead_predecessors_files_under_this_processs_pid_are_compacted(tmp_path):
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    engine = subprocess.Popen(
-        [sys.executable, "-c", PREDECESSOR_OF_THE_SAME_PID, ROOT],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    engine = start_engine_process(PREDECESSOR_OF_THE_SAME_PID, tmp_path)
     try:
         engine.stdout.readline()
         used = {

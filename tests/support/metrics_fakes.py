@@ -158,6 +158,19 @@ def run_engine_process(code: str, directory, *args: str) -> str:
     return done.stdout
 
 
+def start_engine_process(code: str, directory) -> subprocess.Popen:
+    """Start `code` (run with the checkout's root as its argv[1]) as an engine process writing
+    into `directory`, its stdin and stdout piped: it runs until it closes them itself or ends."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, ROOT],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_writers(directory, *writers: tuple[str, int]) -> None:
     """Run one writer process (tests/support/metrics_writer.py) per (instance, repeats) at once,
     and wait for them."""

@@ -70,17 +70,24 @@ def test_two_engines_in_two_processes_share_a_directory_byte_exact(tmp_path):
     manager.shutdown()
 
 
-def test_the_bound_evicts_by_policy_with_vllms_touches_and_reports_removals(tmp_path):
+def engine_with_events(root, engine_id: str, files: int = 64):
+    """An engine with vLLM's KV events on over a disk tier of `files` files: its spec, its
+    scheduler-side manager and its disk tier."""
     extra = {
         "cpu_bytes_to_use": 64 * CHUNK_BYTES,
-        "secondary_tiers": [disk_tier(tmp_path, files=3, enable_kv_events=True)],
+        "secondary_tiers": [disk_tier(root, files=files, enable_kv_events=True)],
     }
     config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
     spec = TieringOffloadingSpec(
-        dataclasses.replace(config, engine_id="events", enable_kv_cache_events=True)
+        dataclasses.replace(config, engine_id=engine_id, enable_kv_cache_events=True)
     )
     manager = spec.get_manager()
     (tier,) = manager.secondary_tiers
+    return spec, manager, tier
+
+
+def test_the_bound_evicts_by_policy_with_vllms_touches_and_reports_removals(tmp_path):
+    spec, manager, tier = engine_with_events(tmp_path, "events", files=3)
     first, last = keys_of("a", 3), keys_of("b", 1)
     store(spec, "r1", first)
     list(manager.take_events())
@@ -96,16 +103,7 @@ def test_the_bound_evicts_by_policy_with_vllms_touches_and_reports_removals(tmp_
 def test_a_file_removed_then_stored_again_is_reported_in_that_order(tmp_path):
     """Events are read in batches: a chunk evicted and stored again in one batch must end on
     its store, and the chunk its store evicted on its removal."""
-    extra = {
-        "cpu_bytes_to_use": 64 * CHUNK_BYTES,
-        "secondary_tiers": [disk_tier(tmp_path, files=3, enable_kv_events=True)],
-    }
-    config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
-    spec = TieringOffloadingSpec(
-        dataclasses.replace(config, engine_id="order", enable_kv_cache_events=True)
-    )
-    manager = spec.get_manager()
-    (tier,) = manager.secondary_tiers
+    spec, manager, tier = engine_with_events(tmp_path, "order", files=3)
     first, last = keys_of("a", 3), keys_of("d", 1)
     store(spec, "r1", first)
     list(manager.take_events())
@@ -122,16 +120,7 @@ def test_a_file_removed_then_stored_again_is_reported_in_that_order(tmp_path):
 
 def test_a_store_that_failed_in_part_announces_nothing(tmp_path, monkeypatch):
     """As vLLM's own file tier: a store job with a failed chunk emits no event at all."""
-    extra = {
-        "cpu_bytes_to_use": 64 * CHUNK_BYTES,
-        "secondary_tiers": [disk_tier(tmp_path, enable_kv_events=True)],
-    }
-    config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
-    spec = TieringOffloadingSpec(
-        dataclasses.replace(config, engine_id="partial", enable_kv_cache_events=True)
-    )
-    manager = spec.get_manager()
-    (tier,) = manager.secondary_tiers
+    spec, manager, tier = engine_with_events(tmp_path, "partial")
     keys = keys_of("p", 2)
     write_file = tier.tier.backend._write_file
     monkeypatch.setattr(
