@@ -311,9 +311,13 @@ class ChunkTier:
             for future in pending:
                 future.exception()  # waits; jobs report their own failures
 
-    def close(self) -> None:
+    def close(self, discard_pending: bool = False) -> None:
         """Finish every submitted job, then release the threads, the backend and the host pool
-        (a view of the host tier's memory, which its owner can then unmap)."""
+        (a view of the host tier's memory, which its owner can then unmap). With
+        `discard_pending`, jobs not yet started are dropped, unreported, and only those under way
+        finish: an engine shutting down (vLLM's own tiers do so) waits for no queue."""
+        if discard_pending:
+            self._io_threads.shutdown(cancel_futures=True)
         self.drain()
         self._lookup_thread.shutdown()
         self._io_threads.shutdown()

@@ -7,6 +7,7 @@ store; each real backend has its own tests against the real store.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -373,6 +374,33 @@ def test_a_key_not_answered_fails_its_load_and_stays_found_one_absent_does_not()
     backend.unanswered = None
     tier.submit_load("again", KEYS[:1], [2])
     assert finished(tier)["again"].success
+
+
+class CountedWrites(DictBackend):
+    """Says each write it begins (before the gate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = threading.Semaphore(0)
+
+    def write(self, keys, headers, payloads):
+        self.begun.release()
+        return super().write(keys, headers, payloads)
+
+
+def test_close_can_drop_the_jobs_not_yet_started():
+    backend = CountedWrites()
+    tier = tier_over(backend, io_threads=2)
+    backend.gate.clear()  # the first two jobs start and wait; the other eight queue
+    for job in range(10):
+        tier.submit_store(job, [b"key-%d" % job], [job % 8])
+    assert backend.begun.acquire(timeout=5) and backend.begun.acquire(timeout=5)
+    closing = threading.Thread(target=tier.close, kwargs={"discard_pending": True})
+    closing.start()
+    time.sleep(0.1)
+    backend.gate.set()
+    closing.join(timeout=5)
+    assert not closing.is_alive() and len(backend.values) == 2
 
 
 def test_clear_empties_the_store_and_forgets_what_was_unloadable():

@@ -255,8 +255,9 @@ class ChunkTierManager(SecondaryTierManager):
         self.tier.drain()
 
     def shutdown(self) -> None:
+        """Stop: jobs not yet started are dropped, as vLLM's own tiers drop theirs."""
         self._lookups.shutdown()
-        self.tier.close()
+        self.tier.close(discard_pending=True)
         if self._metrics is not None:
             self._metrics.close()
 
