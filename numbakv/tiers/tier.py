@@ -192,6 +192,10 @@ class ChunkTier:
         # Failed loads, until stored anew; the oldest forgotten past UNLOADABLE_LIMIT keys (by
         # then the store has usually dropped them: a forgotten key costs one more failed load).
         self._unloadable: OrderedDict[bytes, None] = OrderedDict()
+        # Which store batch (by count) last stored each key, as many keys as _unloadable holds:
+        # a load that found a key absent marks it only if no store of it ended meanwhile.
+        self._stores = 0
+        self._last_stored: OrderedDict[bytes, int] = OrderedDict()
         self._lock = threading.Lock()
         self._finished: SimpleQueue[FinishedJob] = SimpleQueue()
         self._pending: dict[Future, Hashable] = {}  # jobs submitted and not finished: their ids
@@ -436,8 +440,13 @@ class ChunkTier:
         )
         stored = [key for key, ok in zip(keys, written) if ok]
         with self._lock:
+            self._stores += 1
             for key in stored:
                 self._unloadable.pop(key, None)
+                self._last_stored[key] = self._stores
+                self._last_stored.move_to_end(key)
+            while len(self._last_stored) > UNLOADABLE_LIMIT:
+                self._last_stored.popitem(last=False)
             self._counters.stored += len(stored)
             self._counters.stored_bytes += len(stored) * self.chunk_bytes
             self._counters.dropped_stores += len(keys) - len(stored)
@@ -445,6 +454,8 @@ class ChunkTier:
 
     def _load(self, keys: list[bytes], rows: np.ndarray) -> tuple[bytes, ...]:
         payloads = [memoryview(self._pool[row]) for row in rows]
+        with self._lock:
+            stores_before = self._stores
         no_answer = [BackendUnavailable("no answer")] * len(keys)
         values = self._ask_backend(self.backend.read_into, no_answer, keys, payloads, HEADER_BYTES)
         # Found absent or corrupt: unloadable until stored anew. A store that did not answer, for
@@ -475,7 +486,10 @@ class ChunkTier:
         if corrupt:  # if the delete fails, the next reader's check catches them again
             self._ask_backend(self.backend.delete, None, corrupt)
         with self._lock:
-            self._unloadable.update(dict.fromkeys(unloadable))
+            stored_meanwhile = self._last_stored.get
+            self._unloadable.update(
+                (key, None) for key in unloadable if stored_meanwhile(key, 0) <= stores_before
+            )
             while len(self._unloadable) > UNLOADABLE_LIMIT:
                 self._unloadable.popitem(last=False)
             self._counters.integrity_failures += len(corrupt)

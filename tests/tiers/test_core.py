@@ -403,6 +403,35 @@ def test_close_can_drop_the_jobs_not_yet_started():
     assert not closing.is_alive() and len(backend.values) == 2
 
 
+class ReadsBeforeTheGate(DictBackend):
+    """A load reads the store at once, then waits for `gate` before it answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read, self.answer = threading.Event(), threading.Event()
+
+    def read_into(self, keys, payloads, header_bytes):
+        found = super().read_into(keys, payloads, header_bytes)
+        self.read.set()
+        self.answer.wait()
+        return found
+
+
+def test_a_key_stored_while_a_load_found_it_absent_stays_loadable():
+    backend = ReadsBeforeTheGate()
+    tier = tier_over(backend)
+    tier.submit_load("load", KEYS[:1], [1])  # finds nothing, then waits to answer
+    assert backend.read.wait(5)
+    tier.submit_store("store", KEYS[:1], [0])
+    while KEYS[0] not in backend.values:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the store's report first, then the load's: the order that lost the key
+    backend.answer.set()
+    jobs = finished(tier)
+    assert not jobs["load"].success and jobs["store"].success
+    assert tier.contains(KEYS[:1]) == [True]
+
+
 def test_clear_empties_the_store_and_forgets_what_was_unloadable():
     backend = DictBackend()
     tier = tier_over(backend)
