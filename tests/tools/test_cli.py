@@ -58,6 +58,11 @@ BAD_INPUT = [
     ),
     (replay_command.main, ["--store-threshold", "0"], ["--store-threshold", "'0'"]),
     (replay_command.main, ["--route", "session"], ["--route", "--engines"]),
+    (
+        replay_command.main,
+        ["--engines", "5", "--requests", "3"],
+        ["--engines", "'5'", "the 3 requests"],
+    ),
     (replay_command.main, ["--tiering", "write-through"], ["--tiering", "--engines"]),
     (replay_command.main, ["--lower-policy", "lru"], ["--lower-policy", "--engines"]),
     (replay_command.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),

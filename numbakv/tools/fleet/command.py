@@ -190,6 +190,8 @@ def run_fleet(
 ) -> int:
     """Replay the fleets and report them: text (or a table), what the hits are worth in seconds
     (with a profile), the plot, JSON."""
+    if args.engines is not None and args.engines > len(chains):  # each past that serves nothing
+        parser.bad("--engines", str(args.engines), f"at most the {len(chains):,} requests replayed")
     text = sys.stderr if args.json else sys.stdout
     status = 0
     request_hits: list | None = None if profile is None else []
