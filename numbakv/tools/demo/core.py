@@ -29,7 +29,7 @@ from numbakv.offloader import KVOffloader
 from numbakv.simulator import simulate_without_gpu
 from numbakv.tiers import Namespace
 from numbakv.tools.cli import Interrupted
-from numbakv.tools.demo.tier import demo_namespace, open_tier
+from numbakv.tools.demo.tier import open_tier
 from numbakv.tools.progress import track
 from numbakv.tools.traces import read_hash_chains
 from numbakv.tools.workloads.core import multi_turn_chat
@@ -266,8 +266,18 @@ def block_bytes_of(config: DemoConfig) -> int:
 
 def namespace_of(config: DemoConfig) -> Namespace:
     """What the demo's host blocks mean in a tier: engines of the same sizes read each other's."""
-    sizes = (config.num_layers, config.block_size, config.num_kv_heads, config.head_size)
-    return demo_namespace(*sizes, KV_ITEM_BYTES)
+    return Namespace(
+        model="numbakv-demo",
+        revision="",
+        dtype="float16",
+        tokens_per_block=config.block_size,
+        blocks_per_chunk=1,
+        num_layers=config.num_layers,
+        num_kv_heads=config.num_kv_heads,
+        head_size=config.head_size,
+        page_bytes=config.block_size * config.num_kv_heads * config.head_size * KV_ITEM_BYTES,
+        layout="numbakv:flash_attn-host-block",
+    )
 
 
 def workload(config: DemoConfig, progress: bool = False) -> list[list[int]]:

@@ -48,24 +48,6 @@ def demo_settings(spec: str) -> dict[str, Any]:
     return {key: value for key, value in defaults.items() if key not in parsed.settings}
 
 
-def demo_namespace(
-    num_layers: int, block_size: int, num_kv_heads: int, head_size: int, item_bytes: int
-) -> Namespace:
-    """What the demo's host blocks mean: engines with the same sizes read each other's."""
-    return Namespace(
-        model="numbakv-demo",
-        revision="",
-        dtype="float16",
-        tokens_per_block=block_size,
-        blocks_per_chunk=1,
-        num_layers=num_layers,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        page_bytes=block_size * num_kv_heads * head_size * item_bytes,
-        layout="numbakv:flash_attn-host-block",
-    )
-
-
 def open_tier(spec: str, host_rows: np.ndarray, namespace: Namespace) -> ChunkTier:
     """The tier `spec` names, reading and writing `host_rows` (the host pool, one row a block)."""
     return open_tier_url(spec, host_rows, namespace, **demo_settings(spec))
