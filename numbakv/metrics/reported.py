@@ -32,25 +32,20 @@ class ReportedSeries:
     def start_from(self, source: Any) -> None:
         """Take what ``source`` holds now as reported already: a counter or a histogram then
         reports only what it moves from here; a gauge reports its next read, whatever it is."""
-        if self.type == "gauge":
-            self.last = None
-        elif self.type == "histogram":
-            value = self.read(source)
-            self.last = list(value[0]), value[1]
-        else:
-            self.last = self.read(source)
+        self.last = None if self.type == "gauge" else self._value(source)
+
+    def _value(self, source: Any) -> Any:
+        """The series' value in ``source``; a histogram's per-bucket counts copied as read (its
+        source goes on counting)."""
+        value = self.read(source)
+        return (list(value[0]), value[1]) if self.type == "histogram" else value
 
     def change(self, source: Any) -> Any:
-        """What changed in ``source`` since the last report, now reported; None if nothing did.
-
-        A histogram's per-bucket counts are copied as read: its source goes on counting.
-        """
-        value = self.read(source)
+        """What changed in ``source`` since the last report, now reported; None if nothing did."""
+        value = self._value(source)
         last = self.last
-        if self.type == "histogram":
-            value = list(value[0]), value[1]
-            if last is None:
-                last = [0] * len(value[0]), 0.0
+        if self.type == "histogram" and last is None:
+            last = [0] * len(value[0]), 0.0
         self.last = value
         if value == last:
             return None

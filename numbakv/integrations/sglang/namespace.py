@@ -45,9 +45,7 @@ def namespaces_in_fleet(config: Any) -> int:
     """How many namespaces one model's pages take across its ranks: a head group each (1 for
     MLA, whose ranks share their pages), per pipeline stage and per context-parallel rank. They
     share a directory's bound."""
-    stages = max(1, getattr(config, "pp_size", 1) or 1)
-    context = max(1, getattr(config, "attn_cp_size", 1) or 1)
-    return head_shards(config)[1] * stages * context
+    return head_shards(config)[1] * config.pp_size * config.attn_cp_size
 
 
 def page_namespace(config: Any, host_pool: Any, shard: int, chunk_bytes: int) -> Namespace:
