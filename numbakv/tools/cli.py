@@ -148,6 +148,10 @@ def print_hit_ratio(result: ReplayResult | FleetResult, requests: int, out: Text
     )
 
 
-def comma_list(text: str) -> list[str]:
-    """The items of a comma-separated option, stripped, each once, in their order."""
-    return list(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+def comma_list(parser: Parser, flag: str, text: str) -> list[str]:
+    """The items of a comma-separated option, stripped, each once, in their order; exits on an
+    empty item (`10,,20`, a trailing comma), which is a typo more often than not."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        parser.bad(flag, text, "items separated by single commas, none of them empty")
+    return list(dict.fromkeys(items))

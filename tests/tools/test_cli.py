@@ -46,11 +46,14 @@ BAD_INPUT = [
         ["--capacity", "a mix"],
     ),
     (replay_command.main, ["--capacity", ","], ["--capacity", "','"]),
+    (replay_command.main, ["--capacity", "10,,20"], ["--capacity", "'10,,20'", "empty"]),
+    (replay_command.main, ["--capacity", "10,"], ["--capacity", "'10,'", "empty"]),
     (replay_command.main, ["--block-bytes", "0"], ["--block-bytes", "'0'"]),
     (replay_command.main, ["--block-bytes", "0.5"], ["--block-bytes", "'0.5'"]),
     (replay_command.main, ["--block-bytes", "x"], ["--block-bytes", "'x'"]),
     (replay_command.main, ["--policy", "nope"], ["--policy", "'nope'", "lru", "belady"]),
     (replay_command.main, ["--policy", ","], ["--policy", "','"]),
+    (replay_command.main, ["--policy", "lru,,arc"], ["--policy", "'lru,,arc'", "empty"]),
     (
         replay_command.main,
         ["--policy", "no_such_module:Policy"],
@@ -64,6 +67,16 @@ BAD_INPUT = [
         ["--engines", "'5'", "the 3 requests"],
     ),
     (replay_command.main, ["--tiering", "write-through"], ["--tiering", "--engines"]),
+    (
+        replay_command.main,
+        ["--engines", "2", "--tiering", "demote,,write-through", "--shared-capacity", "9"],
+        ["--tiering", "'demote,,write-through'", "empty"],
+    ),
+    (
+        replay_command.main,
+        ["--engines", "2", "--disk-capacity", "10,,20"],
+        ["--disk-capacity", "'10,,20'", "empty"],
+    ),
     (replay_command.main, ["--lower-policy", "lru"], ["--lower-policy", "--engines"]),
     (replay_command.main, ["--plot", "/missing/dir/x.png"], ["--plot", "'/missing/dir/x.png'"]),
     # a directory where no file can be made, even by root (issue 37: a traceback after the replay)

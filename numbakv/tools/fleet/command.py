@@ -125,8 +125,8 @@ def check_fleet(
         except (ValueError, TypeError):
             parser.bad("--lower-policy", args.lower_policy, "a policy --policy accepts")
     given_tiering = args.tiering or TIERINGS[0]
-    tierings = comma_list(given_tiering)
-    for tiering in tierings or [given_tiering]:
+    tierings = comma_list(parser, "--tiering", given_tiering)
+    for tiering in tierings:
         if tiering not in TIERINGS:
             parser.bad("--tiering", tiering, f"one or more of {', '.join(TIERINGS)}")
     disks = _lower_capacities(parser, "--disk-capacity", args.disk_capacity, args.block_bytes)
@@ -167,7 +167,7 @@ def _lower_capacities(
     parser: Parser, flag: str, text: str, block_bytes: int | None
 ) -> list[Capacity]:
     capacities: dict[int, Capacity] = {}
-    for item in comma_list(text) or [text]:
+    for item in comma_list(parser, flag, text):
         if item.lower() in _NO_TIER:
             capacities.setdefault(0, NONE)
             continue

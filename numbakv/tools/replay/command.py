@@ -148,9 +148,7 @@ class _Plan:
 
 
 def _check(parser: Parser, args: argparse.Namespace) -> _Plan:
-    policies = comma_list(args.policy)
-    if not policies:
-        parser.bad("--policy", args.policy, f"one or more of {_policy_names()}")
+    policies = comma_list(parser, "--policy", args.policy)
     for policy in policies:
         if policy == BELADY:
             continue
@@ -161,7 +159,7 @@ def _check(parser: Parser, args: argparse.Namespace) -> _Plan:
                 parser.error(f"argument --policy: {error}")
             parser.bad("--policy", policy, f"one of {_policy_names()}, or module:Class")
     capacities: dict[int, Capacity] = {}
-    for text in comma_list(args.capacity) or [args.capacity]:
+    for text in comma_list(parser, "--capacity", args.capacity):
         try:
             capacity = parse_capacity(text, args.block_bytes)
         except ValueError as error:
