@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -213,6 +215,49 @@ def test_demo_ctrl_c_ends_with_one_line_and_the_partial_report(monkeypatch, caps
     assert "numbakv-demo: interrupted after 3 of " in err and "Traceback" not in err
     report = json.loads(out)
     assert report["interrupted"] is True and report["requests"] == 3
+
+
+DEMO_WITH_CTRL_C = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('numbakv.demo', run_name='__main__')"
+)
+"""`python3 -m numbakv.demo`, with Ctrl-C raising KeyboardInterrupt even where the test runs in
+the background (whose processes start with SIGINT ignored)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["the demo alone", "its process group"])
+def test_a_demo_over_a_tier_interrupted_in_its_second_engine_reports_both(tmp_path, to):
+    """Ctrl-C while the second engine serves: the first engine's whole figures, the second's so
+    far. A terminal interrupts the demo and its engine's process; `kill -INT` the demo alone, and
+    the demo passes it on."""
+    demo_process = subprocess.Popen(
+        [sys.executable, "-c", DEMO_WITH_CTRL_C, "--tier", f"dir:{tmp_path}"],
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},  # slow enough for progress lines
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's job is
+    )
+    said = []
+    for line in demo_process.stderr:  # a progress line every few seconds while an engine serves
+        said.append(line)
+        if sum(" 00:05 elapsed" in line for line in said) == 2:  # the second engine's first
+            break
+    interrupt = os.kill if to == "the demo alone" else os.killpg
+    interrupt(demo_process.pid, signal.SIGINT)
+    out, err = demo_process.communicate(timeout=60)
+    assert demo_process.returncode == 130, "".join(said) + err
+    assert "numbakv-demo: interrupted in engine 2 of 2 after " in err and "Traceback" not in err
+    first, second = out.split("engine 2 of 2, in a process of its own")
+    assert "engine 1 of 2" in first and "0 wrong" in first and "0 wrong" in second
+    requests = [
+        int(line.split()[1].replace(",", ""))
+        for line in out.splitlines()
+        if line.startswith("requests")
+    ]
+    assert requests[1] < requests[0]  # the second engine's figures so far
+    assert "loaded that another engine stored; " in second and " 0 loaded that" not in second
 
 
 def test_progress_off_a_terminal_is_a_plain_line_every_interval(tmp_path):

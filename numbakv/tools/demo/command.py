@@ -192,6 +192,21 @@ def _check(parser: Parser, config: DemoConfig) -> None:
         )
 
 
+def _interrupted(config: DemoConfig, cut_short: Interrupted) -> str:
+    """The line that says where Ctrl-C cut the demo short, and what its figures are."""
+    if not cut_short.results:
+        return "interrupted before any request was served"
+    served, requests = cut_short.results[-1].requests, cut_short.requests
+    if served == requests and config.tier is not None:
+        engines = len(cut_short.results)
+        return f"interrupted after {engines} of {ENGINES} engines finished; the figures are theirs"
+    engine = "" if config.tier is None else f" in engine {len(cut_short.results)} of {ENGINES}"
+    return (
+        f"interrupted{engine} after {served:,} of {requests:,} requests; "
+        "the figures below are partial"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = vars(parser.parse_args(argv))
@@ -213,13 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     except Interrupted as cut_short:
         reports, status = cut_short.results, INTERRUPTED
-        sys.stderr.write(
-            f"{parser.prog}: interrupted after {reports[0].requests:,} of "
-            f"{cut_short.requests:,} requests; the figures below are partial\n"
-        )
+        sys.stderr.write(f"{parser.prog}: {_interrupted(config, cut_short)}\n")
+        if not reports:
+            return INTERRUPTED
     except KeyboardInterrupt:
-        before = "any request was served" if config.tier is None else "both engines finished"
-        sys.stderr.write(f"{parser.prog}: interrupted before {before}\n")
+        sys.stderr.write(f"{parser.prog}: interrupted before any request was served\n")
         return INTERRUPTED
     else:
         status = 1 if any(report.mismatched for report in reports) else 0

@@ -12,12 +12,15 @@ when it finishes, `KVOffloader.flush_to_tier`).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
@@ -27,11 +30,11 @@ from numbakv.jobs import FinishedJob
 from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import KVOffloader
 from numbakv.simulator import simulate_without_gpu
-from numbakv.tiers import Namespace
+from numbakv.tiers import Namespace, TierOpenError
 from numbakv.tools.cli import Interrupted
 from numbakv.tools.demo.tier import open_tier
 from numbakv.tools.progress import track
-from numbakv.tools.traces import read_hash_chains
+from numbakv.tools.traces import TraceError, read_hash_chains
 from numbakv.tools.workloads.core import multi_turn_chat
 
 KV_ITEM_BYTES = 2  # float16
@@ -43,6 +46,12 @@ FIRST_REQUESTS = 10
 """The second engine's first requests, whose hits in the tier below show what is shared."""
 ENGINES = 2
 """Engines, each in a process of its own, that the demo runs over one tier below host memory."""
+ANSWER_GRACE_S = 0.5
+"""How long an engine's process has, after Ctrl-C, to send its figures so far before it is sent
+the interrupt itself (a terminal sends it to both; `kill -INT` to the demo's own pid does not)."""
+ANSWER_WAIT_S = 30.0
+"""How long an interrupted engine may take to send its figures so far, and then to end, before it
+is stopped."""
 
 
 @dataclass(frozen=True)
@@ -208,10 +217,15 @@ class StandInEngine:
             flushed = self.offloader.flush_to_tier()
             self.report.tier_flushed = flushed.stored
             self.report.tier_flush_failed = len(flushed.failed)
+            self.count_tier()
+            self.tier.close()
+
+    def count_tier(self) -> None:
+        """Copy what the tier below stored and served so far into the report."""
+        if self.tier is not None:
             self.report.tier_stored = self.tier.counters.stored
             self.report.tier_hits_from_others = self.tier.counters.loaded_other
             self.report.tier_unavailable = self.tier.counters.unavailable
-            self.tier.close()
 
     def _allocate(self, n: int, keep: set) -> np.ndarray:
         """n GPU blocks: free ones first, then the least recently used not in this request."""
@@ -313,6 +327,7 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
         engine.close()
     except KeyboardInterrupt:
         report.seconds = time.perf_counter() - started
+        engine.count_tier()
         raise Interrupted([report], len(chains)) from None
     report.seconds = time.perf_counter() - started
     return report
@@ -320,9 +335,78 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
 
 def run_engines(config: DemoConfig, progress: bool = False) -> list[DemoReport]:
     """Run the demo in ENGINES processes, one after the other, over `config.tier`: each later
-    engine finds in the tier what the earlier ones stored. Ctrl-C raises KeyboardInterrupt."""
-    reports = []
+    engine finds in the tier what the earlier ones stored.
+
+    Ctrl-C raises `Interrupted` with the reports of the engines that finished and, last, the
+    figures so far of the one cut short (when it sent them in time).
+    """
+    reports: list[DemoReport] = []
+    spawn = get_context("spawn")
     for _ in range(ENGINES):
-        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as process:
-            reports.append(process.submit(run, config, None, progress).result())
+        answers, sender = spawn.Pipe(duplex=False)
+        engine = spawn.Process(target=_serve_engine, args=(config, progress, sender))
+        engine.start()
+        sender.close()  # the engine holds the other end: end of file here once it exits
+        try:
+            try:
+                report, requests = _answer_of(engine, answers)
+            except KeyboardInterrupt:
+                report, requests = _answer_after_interrupt(engine, answers)
+                requests = requests or (report.requests if report else 0)
+        finally:
+            engine.join(ANSWER_WAIT_S)  # at once, but for an interrupted engine closing its tier
+            if engine.is_alive():
+                engine.terminate()
+            answers.close()
+        if report is not None:
+            reports.append(report)
+        if requests is not None:  # cut short, here or in the engine alone
+            raise Interrupted(reports, requests)
     return reports
+
+
+def _serve_engine(config: DemoConfig, progress: bool, answers: Connection) -> None:
+    """One engine's run, in a process of its own. It sends back its report and None; or, when
+    Ctrl-C cut it short, its figures so far (None, cut before serving) and the requests a whole
+    run serves; or the error that stopped it, where the command names it (a bad trace, a tier
+    that will not open). Any other error ends the process with its traceback."""
+    try:
+        answer: Any = (run(config, progress=progress), None)
+    except Interrupted as cut_short:
+        answer = (cut_short.results[0], cut_short.requests)
+    except KeyboardInterrupt:
+        answer = (None, 0)
+    except (DemoConfigError, TierOpenError, TraceError) as error:
+        answer = error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the answer goes back whatever else comes
+    answers.send(answer)
+
+
+def _answer_of(engine: BaseProcess, answers: Connection) -> tuple[DemoReport | None, int | None]:
+    try:
+        answer = answers.recv()
+    except EOFError:
+        engine.join()  # for its exit code
+        raise RuntimeError(
+            f"the demo's engine process ended (exit code {engine.exitcode}) without a report; "
+            "its traceback is above"
+        ) from None
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+def _answer_after_interrupt(
+    engine: BaseProcess, answers: Connection
+) -> tuple[DemoReport | None, int | None]:
+    """What an engine answers once Ctrl-C reached this process: sent the interrupt itself where
+    it has not answered within ANSWER_GRACE_S, waited for up to ANSWER_WAIT_S."""
+    if not answers.poll(ANSWER_GRACE_S) and engine.is_alive():
+        os.kill(engine.pid, signal.SIGINT)
+    answer = (None, 0)
+    try:
+        if answers.poll(ANSWER_WAIT_S):
+            answer = answers.recv()
+    except EOFError:
+        pass  # it ended without a word: no figures
+    return (None, 0) if isinstance(answer, Exception) else answer
