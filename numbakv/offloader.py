@@ -415,7 +415,8 @@ class KVOffloader:
             self.manager.complete_load(block_hashes)
 
     def completion_event(self, job_id: int, layer: int | None = None) -> Any | None:
-        """What the compute stream waits on before it reads a load's blocks (None once done).
+        """What the compute stream waits on before it reads a load's blocks (None once the job is
+        collected: `poll`, `wait`).
         `layer`, for a load by `layer_groups`: the event of the group holding that layer (the
         last group's without it: every layer's)."""
         num_layers = self.transfers.layout.num_layers

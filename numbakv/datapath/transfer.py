@@ -435,7 +435,9 @@ class TransferEngine:
     def completion_event(self, job_id: Hashable) -> Any | None:
         """An event the compute stream can wait on (`event.wait(stream)`) before using loaded blocks.
 
-        None when there is nothing to wait for: the job has finished (reported or not).
+        None once the engine has noticed the job finished (`wait`, `get_finished`, or a submit
+        taking its slot), and for an id not in flight; until then the job's event, which costs
+        nothing to wait on once the copy has landed.
         """
         job = self._jobs.get(job_id)
         return None if job is None or job.slot is None else job.slot.end

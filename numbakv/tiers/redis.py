@@ -162,7 +162,8 @@ class RedisSettings:
             raise TypeError(f"cluster must be true or false, got {self.cluster!r}")
         if self.cluster and unix:
             raise ValueError(
-                "a Redis Cluster is reached over TCP: the url must be redis:// or rediss://"
+                "a Redis Cluster is reached over TCP: the url must be redis://, rediss://, "
+                "valkey:// or valkeys://"
             )
         database = self.database
         if self.cluster and database != 0:
@@ -177,6 +178,12 @@ class RedisSettings:
             )
         for name in ("max_connections", "stripes", "read_stripes"):
             object.__setattr__(self, name, positive(name, getattr(self, name), integer=True))
+        for name in ("stripes", "read_stripes"):  # a connection is left for the lookups
+            if getattr(self, name) >= self.max_connections:
+                raise ValueError(
+                    f"{name} must be at most max_connections - 1 = {self.max_connections - 1}, "
+                    f"got {getattr(self, name)}"
+                )
         for name in ("socket_timeout_s", "connect_timeout_s"):
             object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
 
@@ -237,12 +244,8 @@ class RedisBackend(ChunkBackend):
         except BaseException:  # refused at start: no connection outlives the error
             self._client.close()
             raise
-        # A batch's stripes leave a connection of the pool to the lookups.
-        most = settings.max_connections - 1
-        self._write_stripes = max(1, min(settings.stripes, most))
-        self._read_stripes = max(1, min(settings.read_stripes, most))
         self._stripes = ThreadPoolExecutor(
-            max(self._write_stripes, self._read_stripes), thread_name_prefix="numbakv-redis"
+            max(settings.stripes, settings.read_stripes), thread_name_prefix="numbakv-redis"
         )
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
@@ -258,7 +261,7 @@ class RedisBackend(ChunkBackend):
             lambda index, key: set_command(key, headers[index], payloads[index], ttl_ms),
             _reply,
             sum(payload.nbytes for payload in payloads),
-            self._write_stripes,
+            self.settings.stripes,
         )
         refused = [reply for reply in replies if isinstance(reply, ResponseError)]
         if refused:
@@ -281,7 +284,7 @@ class RedisBackend(ChunkBackend):
             lambda _, key: command(b"GET", key),
             read,
             payload_bytes,
-            self._read_stripes,
+            self.settings.read_stripes,
             window=max(1, WINDOW_BYTES * len(keys) // max(payload_bytes, 1)),
         )
         return [

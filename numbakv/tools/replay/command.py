@@ -108,7 +108,8 @@ def _parser() -> Parser:
         type=positive_int,
         default=1,
         metavar="N",
-        help="store a block only once it has been looked up N times (default: %(default)s)",
+        help="store a block only once it has been offered for storing N times (vLLM's "
+        "store_threshold; default: %(default)s)",
     )
     parser.add_argument(
         "--plot",
