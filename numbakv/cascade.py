@@ -59,19 +59,22 @@ def sent_down(tiering: Tiering, stored: Sequence[B], evicted: Sequence[B]) -> Se
     return evicted if tiering == DEMOTE else stored
 
 
+_LOW_64_BITS = (1 << 64) - 1
+
+
 def tier_key(block_hash: BlockHash) -> bytes:
-    """The key a block is kept under in a tier: bytes as they are, an int as 8 bytes
-    (little-endian, signed), so engines hashing either way share a tier with their own kind."""
+    """The key a block is kept under in a tier: bytes as they are, an int as its 64 bits
+    (little-endian; signed or unsigned, -1 and 2**64 - 1 alike), so engines hashing either way
+    share a tier with their own kind."""
     if isinstance(block_hash, bytes) and block_hash:
         return block_hash
     if isinstance(block_hash, (int, np.integer)) and not isinstance(block_hash, bool):
-        try:
-            return int(block_hash).to_bytes(8, "little", signed=True)
-        except OverflowError:
-            pass
+        value = int(block_hash)
+        if -(1 << 63) <= value < 1 << 64:
+            return (value & _LOW_64_BITS).to_bytes(8, "little")
     raise ValueError(
-        "block_hashes must be non-empty bytes or 64-bit ints to be kept in a tier, got "
-        f"{block_hash!r}"
+        "block_hashes must be non-empty bytes or 64-bit ints (signed or unsigned) to be kept in "
+        f"a tier, got {block_hash!r}"
     )
 
 

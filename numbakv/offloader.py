@@ -32,6 +32,7 @@ from numbakv.specs import BlockHash
 if TYPE_CHECKING:
     from numbakv.datapath import KVLayout
     from numbakv.tiers import ChunkTier
+    from numbakv.tiers.tier import HostPoolLike
 
 logger = logging.getLogger("numbakv.offloader")
 
@@ -42,6 +43,7 @@ class Transfers(Protocol):
     """What the offloader needs of a transfer engine (numbakv.datapath.TransferEngine has it)."""
 
     layout: KVLayout
+    host_pool: HostPoolLike
 
     @property
     def num_host_blocks(self) -> int: ...
@@ -109,6 +111,11 @@ class KVOffloader:
             raise ValueError(
                 f"the manager hands out {manager.num_blocks} host blocks, the transfer engine's "
                 f"host pool has {transfers.num_host_blocks}: size them alike"
+            )
+        if tier is not None and not _same_rows(tier.rows, transfers.host_pool.blocks):
+            raise ValueError(
+                "tier must be built over the transfer engine's host pool (its HostPool, or "
+                "HostPool.blocks): the tier reads and writes the rows the engine copies"
             )
         self._cascade = None if tier is None else Cascade(manager, tier, tiering)
         self.manager = manager
@@ -459,3 +466,10 @@ class KVOffloader:
         if direction is Direction.STORE and len(np.unique(gpu_ids)) != len(gpu_ids):
             raise ValueError("gpu_block_ids must not repeat a block")
         return gpu_ids
+
+
+def _same_rows(rows: np.ndarray, pool: np.ndarray) -> bool:
+    """Whether two 2-D C-contiguous arrays are the same memory, row for row."""
+    return rows.shape == pool.shape and (
+        rows.__array_interface__["data"][0] == pool.__array_interface__["data"][0]
+    )

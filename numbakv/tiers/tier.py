@@ -225,6 +225,11 @@ class ChunkTier:
         return self._pool.shape[0]
 
     @property
+    def rows(self) -> np.ndarray:
+        """The host pool's rows the tier reads and writes in place."""
+        return self._pool
+
+    @property
     def breaker_open(self) -> bool:
         """Whether the tier has stopped calling its store, found unreachable."""
         return self._breaker.is_open

@@ -33,6 +33,7 @@ class EngineInFront:
         self.engine = engine
 
     num_host_blocks = property(lambda self: self.engine.num_host_blocks)
+    host_pool = property(lambda self: self.engine.host_pool)
     layout = property(lambda self: self.engine.layout)
 
     def check_gpu_ids(self, direction, gpu_block_ids):

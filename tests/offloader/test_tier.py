@@ -313,7 +313,7 @@ def test_bad_settings_and_hashes_are_refused_before_anything_moves(rig):
     with pytest.raises(ValueError, match="tiering"):
         KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=rig.tier, tiering="down")
     small = ChunkTier(DictBackend(), np.zeros((2, 8), np.uint8), namespace())
-    with pytest.raises(ValueError, match="tier reads and writes 2"):
+    with pytest.raises(ValueError, match="tier must be built over the transfer engine's host"):
         KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=small)
     for bad in [("tuple",), b"", 2**64, True]:
         with pytest.raises(ValueError, match="block_hashes"):
@@ -321,9 +321,26 @@ def test_bad_settings_and_hashes_are_refused_before_anything_moves(rig):
     assert rig.manager.stats().used == 0 and rig.backend.values == {}
 
 
+def test_a_tier_over_another_pool_of_the_same_shape_is_refused(rig):
+    """The tier would read and write rows the engine never copies: a load would put whatever
+    those rows hold on the GPU."""
+    engine = rig.offloader.transfers
+    other = HostPool.for_layout(rig.cache.layout, HOST_BLOCKS)
+    elsewhere = ChunkTier(DictBackend(), other, namespace())
+    with pytest.raises(ValueError, match="tier must be built over the transfer engine's host"):
+        KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=elsewhere)
+    same = ChunkTier(DictBackend(), engine.host_pool, namespace())  # the HostPool itself: fine
+    KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=same)
+
+
 def test_tier_keys_are_bytes_as_they_are_and_ints_as_8_bytes():
     assert tier_key(b"\x01\x02") == b"\x01\x02"
     assert tier_key(1) == b"\x01" + bytes(7) and tier_key(np.int64(-1)) == b"\xff" * 8
+    assert tier_key(np.uint64(2**64 - 1)) == b"\xff" * 8  # unsigned hashes, xxh64's, as well
+    assert tier_key(2**63) == bytes(7) + b"\x80"
+    for outside in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="64-bit ints"):
+            tier_key(outside)
     assert len({tier_key(h) for h in range(-1000, 1000)}) == 2000
 
 
