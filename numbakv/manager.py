@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 
@@ -73,6 +74,22 @@ def _hash_list(block_hashes: Iterable[BlockHash], argument: str = "block_hashes"
         raise TypeError(
             f"{argument} must be an iterable of block hashes, got {type(block_hashes).__name__}"
         ) from None
+
+
+def _checked(positions: Callable[[BlockHash], int | None]) -> Callable[[BlockHash], int | None]:
+    """`positions`, its answers checked: a whole number of tokens, or None where unknown."""
+
+    def position_of(block_hash: BlockHash) -> int | None:
+        position = positions(block_hash)
+        if position is None or type(position) is int:
+            return position
+        if isinstance(position, Integral) and not isinstance(position, bool):
+            return int(position)
+        raise TypeError(
+            f"positions({block_hash!r}) must be a token position (an int) or None, got {position!r}"
+        )
+
+    return position_of
 
 
 def _hash_error(method: str, hashes: Sequence, error: TypeError) -> TypeError:
@@ -179,7 +196,28 @@ class CPUOffloadingManager:
     ) -> RequestAccess:
         """A record for one request's loads and stores, to pass to them and to `finish_request`;
         `positions` gives each block's end-token position where the engine knows it."""
-        return RequestAccess(self, self._generation, positions=positions)
+        if positions is not None and not callable(positions):
+            raise TypeError(
+                "positions must be a function of a block hash (its end-token position, or None), "
+                f"got {type(positions).__name__}"
+            )
+        return RequestAccess(
+            self, self._generation, positions=None if positions is None else _checked(positions)
+        )
+
+    def _checked_request(self, method: str, request: RequestAccess | None) -> bool:
+        """Whether `request` is to be recorded (begun here since the last reset); a TypeError
+        naming `method` for anything but a RequestAccess, before the method changes anything."""
+        if request is None:
+            return False
+        if not isinstance(request, RequestAccess):
+            raise TypeError(
+                f"{method}: request must be a RequestAccess from begin_request, got "
+                f"{type(request).__name__}"
+            )
+        if request.owner is not self:
+            raise ValueError(f"{method}: request was begun by another CPUOffloadingManager")
+        return request.generation == self._generation
 
     def _record(
         self,
@@ -207,10 +245,10 @@ class CPUOffloadingManager:
         """Apply the request's accesses to the policy, once: its blocks in prefix order, head the
         most recent (by default the order first seen; `ordered` when the caller knows the
         positions better). A request finished already, or begun before a reset, changes nothing."""
-        if request.finished or not self.is_current(request):
+        if not self._checked_request("finish_request", request) or request.finished:
             return
+        chain = list(request.blocks) if ordered is None else _hash_list(ordered, "ordered")
         request.finished = True
-        chain = list(request.blocks) if ordered is None else ordered
         if not self._policy.touches_before_storing:
             self._policy.request_finished(chain, request.inserted - request.reused, request.reused)
         elif not request.touched:
@@ -255,6 +293,7 @@ class CPUOffloadingManager:
 
         With a `request`, the blocks count as its re-uses when it finishes."""
         hashes = _hash_list(block_hashes)
+        recorded = self._checked_request("prepare_load", request)
         get, ref_counts = self._policy.get, self._ref_counts
         try:
             block_ids = [get(block_hash) for block_hash in hashes]
@@ -269,6 +308,8 @@ class CPUOffloadingManager:
                 raise ValueError(
                     f"prepare_load: block {block_hash!r} (position {position}) is still being stored"
                 )
+        if recorded:  # before the pins: a positions function that raises leaves none
+            self._record(request, hashes, hashes)
         newly_read = 0
         for block_id in block_ids:
             newly_read += ref_counts[block_id] == 0
@@ -276,8 +317,6 @@ class CPUOffloadingManager:
         self._num_idle -= newly_read
         self._num_being_read += newly_read
         self._loaded_blocks += len(block_ids)
-        if request is not None and self.is_current(request):
-            self._record(request, hashes, hashes)
         return HostBlocks(np.array(block_ids, dtype=np.int64))
 
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
@@ -317,6 +356,7 @@ class CPUOffloadingManager:
         policy is shown each new block once per request before it goes in (ARC adapts there).
         """
         hashes = _hash_list(block_hashes)
+        recorded = self._checked_request("prepare_store", request)
         get, ref_counts = self._policy.get, self._ref_counts
         # One pass: the hashes not cached, and the ready ones by block id (an eviction spares
         # them); duplicates fold, and a hash being stored is in neither.
@@ -339,7 +379,7 @@ class CPUOffloadingManager:
             admitted = [h for h in to_store if offers.get(h, 0) >= threshold]
             self._stores_skipped += len(to_store) - len(admitted)
             to_store = admitted
-        if request is not None and self.is_current(request):
+        if recorded:
             self._observe_store(request, hashes, to_store, ready)
         if not to_store:
             return StorePlan([], HostBlocks(), [])
@@ -356,10 +396,15 @@ class CPUOffloadingManager:
         slots = self._allocate(len(to_store))
         self._policy.insert(to_store, slots)  # free slots already hold NOT_READY
         self._num_being_stored += len(to_store)
-        if request is not None and self.is_current(request):
+        if recorded:
             request.inserted.update(to_store)
             if request.positions is not None:
-                self._policy.request_inserted(request, to_store)
+                try:
+                    self._policy.request_inserted(request, to_store)
+                except BaseException:  # the caller gets no plan: nothing may stay being stored
+                    request.inserted.difference_update(to_store)
+                    self.complete_store(to_store, success=False)
+                    raise
         return StorePlan(
             to_store, HostBlocks(np.array(slots, dtype=np.int64)), evicted, evicted_ids
         )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -100,3 +103,80 @@ def test_a_type_error_not_about_hashing_passes_through_as_it_is():
     with pytest.raises(TypeError, match="^cannot compare$"):
         manager.prepare_store([Incomparable(), Incomparable()])
     assert manager.stats().used == 0
+
+
+@pytest.mark.parametrize("method", ["prepare_load", "prepare_store"])
+@pytest.mark.parametrize("request_given", ["req-42", 42, object()])
+def test_a_request_that_is_no_request_is_refused_before_anything_moves(method, request_given):
+    """An engine's own request id where the manager's record belongs: nothing pinned, nothing
+    stored, no offer counted (store_threshold 2 would admit the next offer otherwise)."""
+    manager = CPUOffloadingManager(1, 4, store_threshold=2)
+    for _ in range(2):
+        plan = manager.prepare_store([1, 2])
+    manager.complete_store(plan.block_hashes_to_store)
+    before = manager.stats()
+    with pytest.raises(
+        TypeError, match=rf"{method}: request must be a RequestAccess from begin_request, got"
+    ):
+        getattr(manager, method)([1, 2] if method == "prepare_load" else [3], request_given)
+    assert manager.stats() == before
+    assert manager.prepare_store([3]).block_hashes_to_store == []  # its first offer only
+
+
+def test_a_request_of_another_manager_is_refused_by_name():
+    manager, other = CPUOffloadingManager(1, 4), CPUOffloadingManager(1, 4)
+    with pytest.raises(ValueError, match="request was begun by another CPUOffloadingManager"):
+        manager.prepare_store([1], other.begin_request())
+    with pytest.raises(TypeError, match="finish_request: request must be a RequestAccess"):
+        manager.finish_request("req-42")
+
+
+@pytest.mark.parametrize("answer", ["16", 16.0, True, [16]])
+def test_a_positions_function_that_answers_no_position_leaves_no_slot_taken(answer):
+    """A store's new blocks go in before the policy asks their positions again: a bad answer
+    then left them being stored for good, with no plan for the caller to complete. Asked the
+    first time (before the store), nothing moves; the second time, the store is undone."""
+    asked = Counter()
+
+    def positions(block_hash):
+        asked[block_hash] += 1
+        return 16 * block_hash if asked[block_hash] == 1 else answer
+
+    manager = CPUOffloadingManager(16, 4)
+    for request in (
+        manager.begin_request(lambda block_hash: answer),
+        manager.begin_request(positions),
+    ):
+        with pytest.raises(TypeError, match=r"positions\(1\) must be a token position"):
+            manager.prepare_store([1, 2], request)
+        assert manager.stats().used == 0 and not manager.is_being_stored(1)
+    assert asked[1] == 2  # the second request failed after its blocks went in
+    assert manager.prepare_store([1, 2]).block_hashes_to_store == [1, 2]
+    manager.complete_store([1, 2])
+    with pytest.raises(TypeError, match="positions"):
+        manager.prepare_load([1], manager.begin_request(lambda block_hash: answer))
+    assert manager.stats().being_read == 0  # no pin left behind
+
+
+def test_numpy_positions_are_taken_as_ints():
+    manager = CPUOffloadingManager(16, 4)
+    request = manager.begin_request(lambda block_hash: np.int64(16 * block_hash))
+    plan = manager.prepare_store([1, 2], request)
+    assert plan.block_hashes_to_store == [1, 2]
+
+
+@pytest.mark.parametrize("ordered", [b"ab", (h for h in [1, 2]), 3])
+def test_finish_requests_order_is_checked_before_the_request_counts_as_finished(ordered):
+    """A lone bytes would be iterated as its bytes, and a generator reached the policy after the
+    request was marked finished: the retry then did nothing."""
+    manager = CPUOffloadingManager(1, 4)
+    request = manager.begin_request()
+    plan = manager.prepare_store([1, 2], request)
+    manager.complete_store(plan.block_hashes_to_store)
+    if isinstance(ordered, (bytes, int)):
+        with pytest.raises(TypeError, match="ordered must be"):
+            manager.finish_request(request, ordered)
+        assert not request.finished
+    else:
+        manager.finish_request(request, ordered)  # any iterable of hashes is fine
+        assert request.finished
