@@ -26,8 +26,8 @@ writer's and the vLLM adapters' deltas), :mod:`~numbakv.metrics.offload` (:class
 which picks one), and the directory's :mod:`~numbakv.metrics.directory`,
 :mod:`~numbakv.metrics.liveness` and :mod:`~numbakv.metrics.compaction`.
 
-Imports prometheus-client, the standard library and the job vocabulary (`numbakv.jobs`) only: the
-sidecar's image has no NumPy or Numba.
+Imports prometheus-client, the standard library, the job vocabulary (`numbakv.jobs`) and the
+settings check (`numbakv.checks`) only: the sidecar's image has no NumPy or Numba.
 """
 
 from numbakv.metrics.collector import ScrapeCollector

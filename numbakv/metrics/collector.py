@@ -19,6 +19,7 @@ from numbakv.metrics.definitions import (
     ManagerLike,
     Source,
     TierLike,
+    labelled_tiers,
     manager_definitions,
     occupied_tiers,
 )
@@ -44,8 +45,8 @@ class ScrapeCollector(Collector):
         instance: str,
         tiers: Mapping[str, TierLike] | None = None,
     ) -> None:
+        self._tiers = labelled_tiers("ScrapeCollector", instance, tiers)
         self._manager = manager
-        self._tiers = dict(tiers or {})
         self._transfers = transfers
         self._instance = instance
         self._manager_families = (

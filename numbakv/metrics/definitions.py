@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from numbakv.checks import SettingTypeError
 from numbakv.jobs import Direction
 
 DIRECTIONS = tuple(direction.value for direction in Direction)
@@ -365,6 +366,28 @@ TIER_OCCUPANCY: tuple[Definition, ...] = (
 """A tier's occupancy, one series per tier that knows it: a tier whose store is bounded by something
 else (a Redis server's ``maxmemory``) exports none, rather than NaN, which would spread through
 every sum and ratio that meets it."""
+
+
+def labelled_tiers(owner: str, instance: object, tiers: object) -> dict[str, TierLike]:
+    """``tiers`` as a dict, once ``instance`` and every tier's name are strings. Both are label
+    values, which prometheus-client takes as given and fails on only at a scrape (of the whole
+    registry): refused here, by ``owner``'s name, instead."""
+    if not isinstance(instance, str):
+        raise SettingTypeError(
+            f"{owner} instance must be a string such as 'gpu0', got {instance!r}"
+        )
+    if tiers is None:
+        return {}
+    if not isinstance(tiers, Mapping):
+        raise SettingTypeError(
+            f"{owner} tiers must be a mapping of names to tiers, {{'redis': tier}}, got {tiers!r}"
+        )
+    for name in tiers:
+        if not isinstance(name, str):
+            raise SettingTypeError(
+                f"{owner} tiers must be named by strings such as 'redis', got the name {name!r}"
+            )
+    return dict(tiers)
 
 
 def occupied_tiers(tiers: Mapping[str, TierLike]) -> dict[str, TierLike]:

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from numbakv.checks import SettingTypeError
 from numbakv.metrics import liveness
 from numbakv.metrics.collector import ScrapeCollector
-from numbakv.metrics.definitions import ManagerLike, TierLike
+from numbakv.metrics.definitions import ManagerLike, TierLike, labelled_tiers
 from numbakv.metrics.recording import TransferRecorder
 from numbakv.metrics.writer import MultiprocessWriter
 
@@ -56,6 +57,12 @@ class OffloadMetrics:
         enabled: bool | None = None,
         tiers: Mapping[str, TierLike] | None = None,
     ) -> None:
+        if enabled is not None and not isinstance(enabled, bool):
+            raise SettingTypeError(
+                f"OffloadMetrics enabled must be True, False or None (NUMBAKV_METRICS decides), "
+                f"got {enabled!r}"
+            )
+        tiers = labelled_tiers("OffloadMetrics", instance, tiers)
         self.enabled = metrics_enabled() if enabled is None else enabled
         self.instance = instance
         self._transfers = TransferRecorder()

@@ -23,6 +23,7 @@ from numbakv.metrics.definitions import (
     ManagerLike,
     Source,
     TierLike,
+    labelled_tiers,
     manager_definitions,
     occupied_tiers,
 )
@@ -49,6 +50,7 @@ class MultiprocessWriter:
         path: str,
         tiers: Mapping[str, TierLike] | None = None,
     ) -> None:
+        tiers = labelled_tiers("MultiprocessWriter", instance, tiers)
         self._path = path
         self._lock = threading.Lock()
         _WRITERS.add(self)
@@ -69,7 +71,6 @@ class MultiprocessWriter:
             totals = partial(operator.getitem, transfers.totals, direction)
             self._sources.append((totals, _rows(series, (direction, instance))))
         # Each tier's counters, and its occupancy where it knows it.
-        tiers = tiers or {}
         occupied = occupied_tiers(tiers)
         series = _series(TIER) if tiers else []
         occupancy = _series(TIER_OCCUPANCY) if occupied else []

@@ -5,10 +5,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from dataclasses import asdict, dataclass
 
-from numbakv.checks import positive
+from numbakv.checks import SettingTypeError, positive
 from numbakv.tiers.chunk_format import FORMAT_VERSION
+
+_STRINGS = {
+    "model": "(the model's name; '' if not known)",
+    "revision": "(the model's revision; '' if not known)",
+    "dtype": "such as 'float16'",
+    "layout": "such as 'layer_major'",
+}
+"""The string fields, and what the error refusing anything else says they hold. A dtype object is
+refused, not converted: torch's reads 'torch.float16', NumPy's 'float16' (one namespace in two)."""
+
+_POSITIVE_INTS = (
+    "tokens_per_block",
+    "blocks_per_chunk",
+    "num_layers",
+    "num_kv_heads",
+    "head_size",
+    "page_bytes",
+    "tensor_parallel_size",
+)
 
 
 @dataclass(frozen=True)
@@ -35,27 +55,26 @@ class Namespace:
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        for name in (
-            "tokens_per_block",
-            "blocks_per_chunk",
-            "num_layers",
-            "num_kv_heads",
-            "head_size",
-            "page_bytes",
-            "tensor_parallel_size",
-        ):
-            # Stored as a plain int: the digest's JSON takes no NumPy integer.
-            checked = positive(f"Namespace {name}", getattr(self, name), integer=True)
-            object.__setattr__(self, name, checked)
-        rank = self.tensor_parallel_rank
-        if (
-            isinstance(rank, bool)
-            or not isinstance(rank, int)
-            or not 0 <= rank < self.tensor_parallel_size
-        ):
-            raise ValueError(
-                f"Namespace tensor_parallel_rank must be in [0, {self.tensor_parallel_size}), got {rank!r}"
-            )
+        # Every field is checked before any is stored; ints are stored as plain ints, so that the
+        # digest's JSON is the same whatever integer type was given (and takes no NumPy scalar).
+        for name, holds in _STRINGS.items():
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise SettingTypeError(f"Namespace {name} must be a string {holds}, got {value!r}")
+        checked = {
+            name: positive(f"Namespace {name}", getattr(self, name), integer=True)
+            for name in _POSITIVE_INTS
+        }
+        for name in ("tensor_parallel_rank", "format_version"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise SettingTypeError(f"Namespace {name} must be an int, got {value!r}")
+            checked[name] = int(value)
+        size, rank = checked["tensor_parallel_size"], checked["tensor_parallel_rank"]
+        if not 0 <= rank < size:
+            raise ValueError(f"Namespace tensor_parallel_rank must be in [0, {size}), got {rank}")
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @property
     def digest(self) -> bytes:

@@ -10,7 +10,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from numbakv.jobs import FinishedJob
-from numbakv.metrics import DURATION_BUCKETS_SECONDS, OffloadMetrics
+from numbakv.metrics import (
+    DURATION_BUCKETS_SECONDS,
+    MultiprocessWriter,
+    OffloadMetrics,
+    ScrapeCollector,
+    TransferRecorder,
+)
 from tests.support.metrics_fakes import EXPECTED, FakeManager, run_workload
 
 
@@ -59,6 +65,69 @@ def test_close_unregisters_the_collector():
     metrics = OffloadMetrics(FakeManager(), registry=registry, enabled=True)
     metrics.close()
     assert samples(registry) == {}
+
+
+class QuietTier:
+    """A tier that reports nothing: the tests below never scrape it."""
+
+    counters = None
+
+    def occupancy(self):
+        return None
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"instance": 0}, "OffloadMetrics instance must be a string such as 'gpu0', got 0"),
+        ({"instance": None}, "OffloadMetrics instance must be a string such as 'gpu0', got None"),
+        ({"instance": 0, "enabled": False}, "OffloadMetrics instance must be a string"),
+        (
+            {"tiers": {0: QuietTier()}},
+            "OffloadMetrics tiers must be named by strings such as 'redis', got the name 0",
+        ),
+        ({"tiers": {None: QuietTier()}}, "OffloadMetrics tiers must be named by strings"),
+        ({"tiers": ["redis"]}, "OffloadMetrics tiers must be a mapping of names to tiers"),
+        (
+            {"enabled": "false"},
+            "OffloadMetrics enabled must be True, False or None (NUMBAKV_METRICS decides), got 'false'",
+        ),
+        ({"enabled": 1}, "OffloadMetrics enabled must be True, False or None"),
+    ],
+)
+def test_bad_options_are_refused_by_name_and_leave_the_registry_scrapable(options, message):
+    registry = CollectorRegistry()
+    with pytest.raises(TypeError) as refused:
+        OffloadMetrics(FakeManager(), registry=registry, **{"enabled": True, **options})
+    assert message in str(refused.value)
+    assert samples(registry) == {} and generate_latest(registry) == b""
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: ScrapeCollector(FakeManager(), TransferRecorder(), 7),
+            "ScrapeCollector instance must be a string such as 'gpu0', got 7",
+        ),
+        (
+            lambda: ScrapeCollector(None, TransferRecorder(), "e0", {b"redis": QuietTier()}),
+            "ScrapeCollector tiers must be named by strings such as 'redis', got the name b'redis'",
+        ),
+        (
+            lambda: MultiprocessWriter(None, TransferRecorder(), None, "unused"),
+            "MultiprocessWriter instance must be a string such as 'gpu0', got None",
+        ),
+        (
+            lambda: MultiprocessWriter(None, TransferRecorder(), "e0", "unused", {1: QuietTier()}),
+            "MultiprocessWriter tiers must be named by strings such as 'redis', got the name 1",
+        ),
+    ],
+)
+def test_the_exporters_refuse_label_values_that_are_not_strings(build, message):
+    with pytest.raises(TypeError) as refused:
+        build()
+    assert message in str(refused.value)
 
 
 def test_unknown_direction_is_rejected():
