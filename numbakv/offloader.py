@@ -20,6 +20,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import count
+from numbers import Integral
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -427,7 +428,11 @@ class KVOffloader:
         `layer`, for a load by `layer_groups`: the event of the group holding that layer (the
         last group's without it: every layer's)."""
         num_layers = self.transfers.layout.num_layers
-        if layer is not None and not (isinstance(layer, int) and 0 <= layer < num_layers):
+        if layer is not None and (
+            isinstance(layer, bool)
+            or not isinstance(layer, Integral)
+            or not 0 <= layer < num_layers
+        ):
             raise ValueError(f"layer must be a layer index in [0, {num_layers}), got {layer!r}")
         demotion = self._waiting.get(job_id)
         if demotion is not None:  # a store whose slots are being demoted: hand it over now

@@ -48,6 +48,9 @@ class ChunkBackend(ABC):
     chunk_bytes: int | None = None
     """The one payload length the backend takes (its files are sized for it), or None for any;
     a tier checks it against its host pool's rows."""
+    max_key_bytes: int | None = None
+    """The longest key the store takes (a file name's room, say), or None for any; a tier
+    refuses a longer one when the job is submitted."""
 
     @abstractmethod
     def exists(self, keys: Sequence[bytes]) -> list[bool]:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from numbakv.checks import positive
-from numbakv.manager import CPUOffloadingManager
+from numbakv.manager import MAX_SIZE, CPUOffloadingManager
 from numbakv.policies import resolve_policy
 from numbakv.tiers.backend import ChunkBackend, Occupancy, StoredValue
 from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, checksum, parse_header
@@ -70,6 +70,8 @@ class DiskSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.root_dir, (str, os.PathLike)) or not os.fspath(self.root_dir):
             raise ValueError(f"root_dir must be a directory's path, got {self.root_dir!r}")
+        # `~/kvcache` in a configuration means the home directory, not a folder named `~` here
+        object.__setattr__(self, "root_dir", os.path.expanduser(self.root_dir))
         object.__setattr__(
             self, "bytes_to_use", positive("bytes_to_use", self.bytes_to_use, integer=True)
         )
@@ -91,6 +93,8 @@ class DiskBackend(ChunkBackend):
     wrote or found, and serves the others'.
     """
 
+    max_key_bytes = MAX_KEY_BYTES
+
     def __init__(self, settings: DiskSettings, namespace: Namespace, chunk_bytes: int) -> None:
         if not isinstance(settings, DiskSettings):
             raise TypeError(f"settings must be DiskSettings, got {type(settings).__name__}")
@@ -103,6 +107,11 @@ class DiskBackend(ChunkBackend):
             raise ValueError(
                 f"bytes_to_use must hold at least one chunk file ({self.file_bytes:,} bytes for "
                 f"chunks of {chunk_bytes:,}), got {self.settings.bytes_to_use:,}"
+            )
+        if self.settings.bytes_to_use // self.file_bytes > MAX_SIZE:
+            raise ValueError(
+                f"bytes_to_use must be at most {MAX_SIZE * self.file_bytes:,} ({MAX_SIZE:,} chunk "
+                f"files of {self.file_bytes:,} bytes), got {self.settings.bytes_to_use:,}"
             )
         self._index = CPUOffloadingManager(
             block_size=1,

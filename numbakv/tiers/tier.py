@@ -247,7 +247,7 @@ class ChunkTier:
         instead of waiting its deadline behind it, until the store answers or the breaker opens.
         While the breaker is open, a lookup is answered (misses) on the caller's thread.
         """
-        keys = _checked_keys(keys)
+        keys = self._checked_keys(keys)
         if self._breaker.refusing():
             answered: Future[list[bool]] = Future()
             answered.set_result(self._refused_lookup(keys))
@@ -269,7 +269,7 @@ class ChunkTier:
     def touch(self, keys: Sequence[bytes]) -> None:
         """Mark the keys as used now, the first as the most recent, on the caller's thread: the
         backend keeps recency in memory (its policy's), or ignores it."""
-        self.backend.touch(_checked_keys(keys))
+        self.backend.touch(self._checked_keys(keys))
 
     def clear(self) -> int | None:
         """Remove every chunk of this tier's namespace from the store, on the caller's thread
@@ -333,11 +333,19 @@ class ChunkTier:
         self.backend.close()
         self._pool = None
 
+    def _checked_keys(self, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys as a list, each checked; a RuntimeError once the tier is closed."""
+        if self._pool is None:
+            raise RuntimeError("the tier is closed")
+        return _checked_keys(keys, self.backend.max_key_bytes)
+
     def _checked_job(
         self, keys: Sequence[bytes], rows: Sequence[int]
     ) -> tuple[list[bytes], np.ndarray]:
-        keys = _checked_keys(keys)
+        keys = self._checked_keys(keys)
         rows = np.asarray(rows)
+        if rows.size == 0:
+            rows = rows.astype(np.int64)  # [] reads as float64
         if rows.ndim != 1 or rows.dtype.kind not in "iu" or len(rows) != len(keys):
             raise ValueError(
                 f"rows must be a 1-D integer sequence as long as keys ({len(keys)}), got "
@@ -352,6 +360,9 @@ class ChunkTier:
     def _submit(
         self, work, direction: Direction, job_id: Hashable, keys: list[bytes], rows: np.ndarray
     ) -> None:
+        with self._lock:
+            if job_id in self._pending.values():
+                raise ValueError(f"job_id {job_id!r} is in flight already")
         future = self._io_threads.submit(self._run, work, direction, job_id, keys, rows)
         with self._lock:
             self._pending[future] = job_id
@@ -559,18 +570,25 @@ def host_rows(host_pool: np.ndarray | HostPoolLike) -> np.ndarray:
         and rows.dtype == np.uint8
         and rows.ndim == 2
         and rows.flags.c_contiguous
+        and rows.size
     ):
         raise ValueError(
             "host_pool must be a numbakv HostPool or a C-contiguous 2-D uint8 array (one row per "
-            f"chunk), got {type(host_pool).__name__} {getattr(host_pool, 'dtype', '')} "
-            f"{getattr(host_pool, 'shape', '')}"
+            f"chunk, none empty), got {type(host_pool).__name__} "
+            f"{getattr(host_pool, 'dtype', '')} {getattr(host_pool, 'shape', '')}"
         )
+    if not rows.flags.writeable:
+        raise ValueError("host_pool must be writable (loads land in its rows), got a read-only one")
     return rows
 
 
-def _checked_keys(keys: Sequence[bytes]) -> list[bytes]:
+def _checked_keys(keys: Sequence[bytes], longest: int | None) -> list[bytes]:
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise TypeError(f"keys must be a sequence of keys, not a single {type(keys).__name__}")
     keys = list(keys)
     for key in keys:
         if not isinstance(key, bytes) or not key:
             raise ValueError(f"keys must be non-empty bytes, got {key!r}")
+        if longest is not None and len(key) > longest:
+            raise ValueError(f"keys must be at most {longest} bytes in this store, got {key!r}")
     return keys

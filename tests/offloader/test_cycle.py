@@ -449,11 +449,15 @@ def test_bad_layer_groups_are_refused_before_the_manager_changes(
     assert [now.tobytes() for now in cache.host_copies()] == [then.tobytes() for then in gpu]
 
 
-def test_completion_event_refuses_a_layer_the_cache_has_not(setup):
+@pytest.mark.parametrize("layer", [2, -1, True, 1.0, "1"])
+def test_completion_event_refuses_a_layer_the_cache_has_not(setup, layer):
     _, _, engine, manager = setup
     offloader = KVOffloader(manager, engine)
-    with pytest.raises(ValueError, match=r"layer must be a layer index in \[0, 2\), got 2"):
-        offloader.completion_event(0, layer=2)
+    with pytest.raises(
+        ValueError, match=rf"layer must be a layer index in \[0, 2\), got {layer!r}"
+    ):
+        offloader.completion_event(0, layer=layer)
+    assert offloader.completion_event(0, layer=np.int64(1)) is None  # NumPy's ints are layers
 
 
 def test_completion_event_is_none_once_the_offloader_has_the_result(setup):

@@ -235,9 +235,43 @@ def test_bad_jobs_are_refused_before_anything_moves(keys, rows, named):
     assert backend.values == {} and finished(tier) == {}
 
 
+def test_a_lone_key_a_closed_tier_and_a_job_id_in_flight_are_refused_by_name():
+    """A lone bytes key read as a list of ints, a closed tier failed in its thread pool, and a
+    second job under an id in flight was reported twice under that id."""
+    backend = SlowLoads()
+    tier = tier_over(backend)
+    for call in (tier.lookup, tier.contains, tier.touch):
+        with pytest.raises(TypeError, match="keys must be a sequence of keys, not a single bytes"):
+            call(KEYS[0])
+    with pytest.raises(TypeError, match="keys must be a sequence of keys"):
+        tier.submit_store(1, KEYS[0], [0])
+    tier.submit_store(1, KEYS[:1], [0])
+    tier.submit_store(2, [], [])  # an empty job is a job
+    tier.drain()
+    tier.submit_load(3, KEYS[:1], [1])  # held in the store until its gate opens
+    with pytest.raises(ValueError, match="job_id 3 is in flight already"):
+        tier.submit_store(3, KEYS[1:2], [2])
+    backend.load_gate.set()
+    tier.close()
+    assert sorted((job.job_id, job.success) for job in tier.take_finished()) == [
+        (1, True),
+        (2, True),
+        (3, True),
+    ]
+    for call in (tier.lookup, tier.touch):
+        with pytest.raises(RuntimeError, match="the tier is closed"):
+            call(KEYS[:1])
+    with pytest.raises(RuntimeError, match="the tier is closed"):
+        tier.submit_store(4, KEYS[:1], [0])
+
+
 def test_a_load_into_one_row_twice_is_refused():
     with pytest.raises(ValueError, match="distinct"):
         tier_over(DictBackend()).submit_load(1, KEYS[:2], [3, 3])
+
+
+READ_ONLY_POOL = np.zeros((4, 8), np.uint8)
+READ_ONLY_POOL.flags.writeable = False
 
 
 @pytest.mark.parametrize(
@@ -245,6 +279,8 @@ def test_a_load_into_one_row_twice_is_refused():
     [
         (np.zeros((2, 8), np.float32), {}, "host_pool"),
         (np.zeros(8, np.uint8), {}, "host_pool"),
+        (np.zeros((4, 0), np.uint8), {}, "host_pool"),
+        (READ_ONLY_POOL, {}, "host_pool must be writable"),
         (None, {"writer_id": b"short"}, "writer_id"),
         (None, {"io_threads": 0}, "io_threads"),
         (None, {"lookup_deadline_s": 0}, "lookup_deadline_s"),

@@ -415,6 +415,7 @@ def test_a_store_that_fails_midway_leaves_no_key_half_stored(tmp_path, stripes):
         ({"bytes_to_use": FILE_BYTES - 1}, ValueError, "bytes_to_use"),
         ({"cache_policy": "fifo"}, ValueError, "cache policy"),
         ({"stripes": 0}, ValueError, "stripes"),
+        ({"bytes_to_use": 2**70}, ValueError, r"bytes_to_use must be at most [\d,]+ \(2,147,48"),
     ],
 )
 def test_bad_settings_are_refused_before_the_directory_is_made(tmp_path, arguments, error, named):
@@ -425,6 +426,24 @@ def test_bad_settings_are_refused_before_the_directory_is_made(tmp_path, argumen
     with pytest.raises(error, match=named):
         DiskBackend(DiskSettings(**settings), **backend)
     assert not (tmp_path / "kv").exists()
+
+
+def test_a_root_dir_under_the_home_directory_is_there(tmp_path, monkeypatch):
+    """`~/kvcache` in a configuration, not a folder named `~` in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert DiskSettings("~/kvcache", FILE_BYTES).root_dir == str(tmp_path / "home" / "kvcache")
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_key_too_long_for_a_file_name_is_refused_when_the_job_is_submitted(tmp_path):
+    """It used to fail on the tier's thread, logged, on every store of it."""
+    tier = disk_tier(tmp_path, random_pool(2, 5))
+    with pytest.raises(ValueError, match="keys must be at most 100 bytes in this store"):
+        tier.submit_store(1, [b"x" * 101], [0])
+    with pytest.raises(ValueError, match="keys must be at most 100 bytes in this store"):
+        tier.lookup([b"x" * 101])
+    tier.close()
 
 
 def test_a_backend_takes_its_settings_as_one_object(tmp_path):
