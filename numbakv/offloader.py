@@ -461,6 +461,11 @@ class KVOffloader:
     ) -> np.ndarray:
         """The GPU ids, checked before the manager commits to anything: one per hash, each a
         GPU block, none repeated."""
+        if isinstance(block_hashes, (bytes, str)) or not hasattr(block_hashes, "__len__"):
+            raise TypeError(
+                "block_hashes must be a sequence of block hashes (a list, say), got "
+                f"{type(block_hashes).__name__}"
+            )
         gpu_ids = self.transfers.check_gpu_ids(direction, gpu_block_ids)
         if len(gpu_ids) != len(block_hashes):
             raise ValueError(

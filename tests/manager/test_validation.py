@@ -180,3 +180,10 @@ def test_finish_requests_order_is_checked_before_the_request_counts_as_finished(
     else:
         manager.finish_request(request, ordered)  # any iterable of hashes is fine
         assert request.finished
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None])
+def test_events_are_turned_on_by_a_bool_only(flag):
+    """enable_events="no" turned events on (a non-empty string is true)."""
+    with pytest.raises(TypeError, match=f"enable_events must be True or False, got {flag!r}"):
+        CPUOffloadingManager(1, 4, enable_events=flag)

@@ -193,6 +193,15 @@ def test_bad_gpu_ids_are_refused_before_the_manager_changes(setup, gpu_ids, erro
     assert manager.stats() == before
 
 
+@pytest.mark.parametrize("hashes", [(h for h in [1, 2]), b"ab"])
+def test_block_hashes_that_are_no_sequence_are_refused_by_name(setup, hashes):
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, engine)
+    with pytest.raises(TypeError, match="block_hashes must be a sequence of block hashes"):
+        offloader.store(hashes, [0, 1])
+    assert manager.stats().used == 0
+
+
 @pytest.mark.parametrize("direction", ["store", "load"])
 def test_a_bad_wait_event_is_refused_before_the_manager_changes(setup, direction):
     _, _, engine, manager = setup
