@@ -19,11 +19,18 @@ from typing import Any
 
 import numpy as np
 
+from numbakv.checks import positive
 from numbakv.datapath._device import array_interface, interface_strides
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout, LayoutKind
 from numbakv.datapath.transfer import TransferEngine
-from numbakv.datapath.validation import as_ids, check_range
+from numbakv.datapath.validation import (
+    as_ids,
+    check_callback,
+    check_count,
+    check_job_id,
+    check_range,
+)
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 GroupRefs = Sequence[tuple[int, int]]
@@ -70,14 +77,11 @@ class ChunkTransfers:
         on_job_done: JobDoneCallback | None = None,
         host_pool: Callable[[int, int], HostPool] = HostPool,
     ) -> None:
-        if blocks_per_chunk < 1 or num_chunks < 1:
-            raise ValueError(
-                f"blocks_per_chunk and num_chunks must be >= 1, got {blocks_per_chunk}, {num_chunks}"
-            )
+        self.blocks_per_chunk = positive("blocks_per_chunk", blocks_per_chunk, integer=True)
+        self.num_chunks = positive("num_chunks", num_chunks, integer=True)
+        check_callback("on_job_done", on_job_done)
         if not group_refs:
             raise ValueError("no KV cache group to offload")
-        self.blocks_per_chunk = blocks_per_chunk
-        self.num_chunks = num_chunks
         self._compute_stream = compute_stream
         self._on_job_done = on_job_done
         self.layouts = [
@@ -87,7 +91,7 @@ class ChunkTransfers:
         for layout in self.layouts:
             if layout.block_bytes not in self.pools:
                 self.pools[layout.block_bytes] = host_pool(
-                    num_chunks * blocks_per_chunk, layout.block_bytes
+                    self.num_chunks * self.blocks_per_chunk, layout.block_bytes
                 )
         self.engines = [
             TransferEngine(
@@ -98,8 +102,8 @@ class ChunkTransfers:
             )
             for group, layout in enumerate(self.layouts)
         ]
-        self._sub_blocks = np.arange(blocks_per_chunk, dtype=np.int64)
-        self._unloadable = np.zeros(num_chunks, dtype=bool)
+        self._sub_blocks = np.arange(self.blocks_per_chunk, dtype=np.int64)
+        self._unloadable = np.zeros(self.num_chunks, dtype=bool)
         self._jobs: dict[int, _InFlight] = {}
         self._done: list[FinishedJob] = []
 
@@ -123,6 +127,7 @@ class ChunkTransfers:
         group before any memory is touched.
         """
         direction = Direction(direction)
+        check_job_id(job_id)
         if job_id in self._jobs:
             raise ValueError(f"job {job_id} is already in flight")
         chunk_ids = as_ids("chunk_ids", chunk_ids)
@@ -165,14 +170,14 @@ class ChunkTransfers:
                 f"expected group_sizes and block_indices for {len(self.engines)} KV cache "
                 f"group(s), got {len(group_sizes)} and {len(block_indices)}"
             )
-        if gpu_ids.ndim != 1 or sum(group_sizes) != len(gpu_ids):
-            raise ValueError(
-                f"group_sizes {list(group_sizes)} do not add up to the {len(gpu_ids)} GPU blocks"
-            )
+        sizes = [check_count(f"group_sizes[{g}]", size) for g, size in enumerate(group_sizes)]
+        firsts = [check_count(f"block_indices[{g}]", i) for g, i in enumerate(block_indices)]
+        if gpu_ids.ndim != 1 or sum(sizes) != len(gpu_ids):
+            raise ValueError(f"group_sizes {sizes} do not add up to the {len(gpu_ids)} GPU blocks")
         k = self.blocks_per_chunk
         parts = []
         gpu_at = chunk_at = 0
-        for group, (size, first) in enumerate(zip(group_sizes, block_indices)):
+        for group, (size, first) in enumerate(zip(sizes, firsts)):
             if size == 0:
                 continue
             skip = first % k  # blocks of the first chunk before this job's first block

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from numbakv.checks import positive
 from numbakv.datapath._device import (
     CudaAPIError,
     array_interface,
@@ -48,16 +49,12 @@ class HostPool:
         shared: str | os.PathLike[str] | None = None,
         barrier: Callable[[], None] | None = None,
     ) -> None:
-        if num_blocks <= 0 or block_bytes <= 0:
-            raise ValueError(
-                f"num_blocks and block_bytes must be positive, got {num_blocks} and {block_bytes}"
-            )
+        self.num_blocks = positive("num_blocks", num_blocks, integer=True)
+        self.block_bytes = positive("block_bytes", block_bytes, integer=True)
         self.device = current_device_id()
-        self.num_blocks = num_blocks
-        self.block_bytes = block_bytes
         started = time.perf_counter()
         if shared is None:
-            mapped = cuda.mapped_array((num_blocks, block_bytes), dtype=np.uint8)
+            mapped = cuda.mapped_array((self.num_blocks, self.block_bytes), dtype=np.uint8)
             self._host = np.asarray(getattr(mapped, "_ary", mapped)).view(np.ndarray)
             self._device_address = array_interface(mapped)["data"][0]
             self._memory: Any = mapped

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from numbakv.checks import positive
 from numbakv.datapath import kernels
 from numbakv.datapath._device import (
     CudaAPIError,
@@ -43,7 +44,7 @@ from numbakv.datapath._device import (
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout
 from numbakv.datapath.staging import Staging
-from numbakv.datapath.validation import IdCheck
+from numbakv.datapath.validation import IdCheck, check_callback, check_job_id
 from numbakv.jobs import Direction, FinishedJob, JobDoneCallback
 
 DEFAULT_MAX_THREAD_BLOCKS = 16
@@ -180,22 +181,17 @@ class TransferEngine:
             raise ValueError(
                 f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}"
             )
-        if threads_per_block is not None and (
-            threads_per_block % kernels.WARP_SIZE or not 0 < threads_per_block <= 1024
-        ):
-            raise ValueError(
-                f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}"
-            )
-        if max_thread_blocks is not None and max_thread_blocks <= 0:
-            raise ValueError(f"max_thread_blocks must be positive or None, got {max_thread_blocks}")
-        if max_jobs_in_flight <= 0:
-            raise ValueError(f"max_jobs_in_flight must be positive, got {max_jobs_in_flight}")
-        if (
-            isinstance(staging_bytes, bool)
-            or not isinstance(staging_bytes, int)
-            or staging_bytes < 1
-        ):
-            raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
+        if threads_per_block is not None:
+            threads_per_block = positive("threads_per_block", threads_per_block, integer=True)
+            if threads_per_block % kernels.WARP_SIZE or threads_per_block > 1024:
+                raise ValueError(
+                    f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}"
+                )
+        if max_thread_blocks is not None:
+            max_thread_blocks = positive("max_thread_blocks", max_thread_blocks, integer=True)
+        max_jobs_in_flight = positive("max_jobs_in_flight", max_jobs_in_flight, integer=True)
+        staging_bytes = positive("staging_bytes", staging_bytes, integer=True)
+        check_callback("on_job_done", on_job_done)
         paths = _paths(path)
         _check_same_device(layout, host_pool)
         self.layout = layout
@@ -347,6 +343,7 @@ class TransferEngine:
         layers: range | None,
     ) -> None:
         self._raise_if_faulted()
+        check_job_id(job_id)
         if job_id in self._jobs:
             raise ValueError(
                 f"job_id {job_id!r} is already in flight (or finished and not yet reported)"

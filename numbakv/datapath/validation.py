@@ -1,4 +1,5 @@
-"""Checks of the block ids a transfer names, made once before anything is queued.
+"""Checks of what a transfer is given (block ids, job id, group sizes, callback), made once
+before anything is queued.
 
 Vectorised: a few NumPy passes per job, whatever its length. Each error names the argument and
 what it expected.
@@ -6,6 +7,7 @@ what it expected.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,36 @@ def as_ids(name: str, ids: Any) -> np.ndarray:
     if ids.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
     return ids.astype(np.int64, copy=False)
+
+
+def check_job_id(job_id: Any) -> None:
+    """Raise TypeError naming `job_id` unless it can key the jobs in flight (it is hashable)."""
+    try:
+        hash(job_id)
+    except TypeError:
+        raise TypeError(
+            f"job_id must be hashable (an int or a str, say), got {type(job_id).__name__} "
+            f"{job_id!r}"
+        ) from None
+
+
+def check_count(name: str, value: Any) -> int:
+    """`value` as an int once it is a whole number >= 0 (a bool is not), else an error naming
+    `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def check_callback(name: str, callback: Any) -> None:
+    """Raise TypeError naming `name` unless `callback` is None or callable."""
+    if callback is not None and not callable(callback):
+        raise TypeError(
+            f"{name} must be a callable taking a FinishedJob, or None, got "
+            f"{type(callback).__name__}"
+        )
 
 
 def check_range(name: str, ids: np.ndarray, limit: int) -> None:

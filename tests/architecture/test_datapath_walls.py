@@ -8,7 +8,7 @@ from tests.support.imports import loaded_after
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_datapath_imports_nothing_else_of_numbakv_but_the_job_vocabulary_and_the_switch():
+def test_datapath_imports_of_numbakv_only_the_job_vocabulary_the_switch_and_the_check():
     imported = set()
     for source in (ROOT / "numbakv" / "datapath").glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
@@ -21,7 +21,7 @@ def test_datapath_imports_nothing_else_of_numbakv_but_the_job_vocabulary_and_the
         for name in imported
         if name.startswith("numbakv") and not name.startswith("numbakv.datapath")
     }
-    assert others == {"numbakv.jobs", "numbakv.simulator"}
+    assert others == {"numbakv.jobs", "numbakv.simulator", "numbakv.checks"}
 
 
 def test_importing_numbakv_does_not_pull_in_the_datapath_or_numba():

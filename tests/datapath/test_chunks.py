@@ -338,3 +338,70 @@ def test_every_job_waits_for_the_compute_stream():
 def test_groups_that_cannot_be_laid_out_are_refused_with_the_group_named(groups, match):
     with pytest.raises(ValueError, match=match):
         _transfers(_tensors(np.random.default_rng(6)), groups, 1)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "firsts", "error", "match"),
+    [
+        ([-1, 3], [0, 0], ValueError, r"group_sizes\[0\] must be an int >= 0, got -1"),
+        ([True, True], [0, 0], TypeError, r"group_sizes\[0\] must be an int >= 0, got True"),
+        ([1.0, 1.0], [0, 0], TypeError, r"group_sizes\[0\] must be an int >= 0, got 1.0"),
+        ([1, "1"], [0, 0], TypeError, r"group_sizes\[1\] must be an int >= 0, got '1'"),
+        (np.array([1.0, 1.0]), [0, 0], TypeError, r"group_sizes\[0\] must be an int >= 0"),
+        (np.array([True, True]), [0, 0], TypeError, r"group_sizes\[0\] must be an int >= 0"),
+        ([1, 1], [-1, 0], ValueError, r"block_indices\[0\] must be an int >= 0, got -1"),
+        ([1, 1], [0, 0.5], TypeError, r"block_indices\[1\] must be an int >= 0, got 0.5"),
+    ],
+)
+def test_group_sizes_and_block_indices_must_be_whole_numbers_naming_the_group(
+    sizes, firsts, error, match
+):
+    tensors = _tensors(np.random.default_rng(7))
+    original = _on_host(tensors)
+    transfers = _transfers(tensors, GROUPINGS["two groups, one pool"], 1)
+    with pytest.raises(error, match=match):
+        transfers.submit(1, "store", np.array([10, 11]), sizes, firsts, np.array([5, 6]))
+    assert transfers.jobs_in_flight == 0
+    (pool,) = transfers.pools.values()
+    assert (pool.blocks == HOST_POISON).all()
+    for tensor, before in zip(_on_host(tensors), original):
+        np.testing.assert_array_equal(tensor, before)
+    transfers.submit(1, "store", np.array([10, 11]), np.array([1, 1]), (0, 0), np.array([5, 6]))
+    transfers.drain()
+    assert outcomes(transfers.get_finished()) == [(1, True)]
+
+
+@pytest.mark.parametrize(
+    ("blocks_per_chunk", "num_chunks", "options", "error", "match"),
+    [
+        ("2", 12, {}, TypeError, "blocks_per_chunk must be a positive int, got '2'"),
+        (2.0, 12, {}, TypeError, "blocks_per_chunk must be a positive int, got 2.0"),
+        (0, 12, {}, ValueError, "blocks_per_chunk must be a positive int, got 0"),
+        (2, 12.5, {}, TypeError, "num_chunks must be a positive int, got 12.5"),
+        (2, True, {}, TypeError, "num_chunks must be a positive int, got True"),
+        (2, 12, {"on_job_done": "metrics"}, TypeError, "on_job_done must be a callable .* str"),
+    ],
+)
+def test_bad_chunk_settings_are_refused_before_any_pool_is_made(
+    blocks_per_chunk, num_chunks, options, error, match
+):
+    def no_pool(num_blocks, block_bytes):
+        raise AssertionError("a host pool was made")
+
+    with pytest.raises(error, match=match):
+        ChunkTransfers(
+            _tensors(np.random.default_rng(8)),
+            GROUPINGS["one group"],
+            blocks_per_chunk,
+            num_chunks,
+            engine_options=SIMULATOR,
+            host_pool=no_pool,
+            **options,
+        )
+
+
+def test_an_unhashable_job_id_is_refused_naming_it():
+    transfers = _transfers(_tensors(np.random.default_rng(9)), GROUPINGS["one group"], 1)
+    with pytest.raises(TypeError, match="job_id must be hashable .* got list"):
+        transfers.submit([1], "store", np.array([0]), [1], [0], np.array([0]))
+    assert transfers.jobs_in_flight == 0

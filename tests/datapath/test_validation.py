@@ -4,9 +4,14 @@ import numpy as np
 import pytest
 
 from numbakv.datapath import HostPool, TransferEngine, host_pool, transfer
+from numbakv.jobs import Direction
 from tests.support.datapath_cases import HOST_POISON, finish, make_cache, outcomes
 
 NUM_HOST_BLOCKS = 5
+
+
+def type_name(value) -> str:
+    return type(value).__name__
 
 
 @pytest.fixture
@@ -169,17 +174,101 @@ def test_engine_rejects_a_pool_of_the_wrong_block_size(setup):
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "error", "message"),
     [
-        ({"threads_per_block": 48}, "multiple of 32"),
-        ({"max_thread_blocks": 0}, "max_thread_blocks must be positive"),
-        ({"max_jobs_in_flight": 0}, "max_jobs_in_flight must be positive"),
+        ({"threads_per_block": 48}, ValueError, "multiple of 32 up to 1024, got 48"),
+        ({"threads_per_block": 2048}, ValueError, "multiple of 32 up to 1024, got 2048"),
+        (
+            {"threads_per_block": 64.0},
+            TypeError,
+            "threads_per_block must be a positive int, got 64.0",
+        ),
+        (
+            {"threads_per_block": "64"},
+            TypeError,
+            "threads_per_block must be a positive int, got '64'",
+        ),
+        (
+            {"threads_per_block": True},
+            TypeError,
+            "threads_per_block must be a positive int, got True",
+        ),
+        ({"max_thread_blocks": 0}, ValueError, "max_thread_blocks must be a positive int, got 0"),
+        (
+            {"max_thread_blocks": 2.5},
+            TypeError,
+            "max_thread_blocks must be a positive int, got 2.5",
+        ),
+        (
+            {"max_thread_blocks": "2"},
+            TypeError,
+            "max_thread_blocks must be a positive int, got '2'",
+        ),
+        ({"max_jobs_in_flight": 0}, ValueError, "max_jobs_in_flight must be a positive int, got 0"),
+        (
+            {"max_jobs_in_flight": 2.5},
+            TypeError,
+            "max_jobs_in_flight must be a positive int, got 2.5",
+        ),
+        (
+            {"max_jobs_in_flight": "8"},
+            TypeError,
+            "max_jobs_in_flight must be a positive int, got '8'",
+        ),
+        ({"on_job_done": object()}, TypeError, "on_job_done must be a callable .* got object"),
     ],
 )
-def test_engine_rejects_bad_launch_options(setup, options, message):
+def test_engine_rejects_bad_launch_options(setup, options, error, message):
     cache, pool, _ = setup
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         TransferEngine(cache.layout, pool, **options)
+
+
+def test_whole_numbers_of_numpy_are_launch_options_as_ints(setup):
+    cache, pool, _ = setup
+    engine = TransferEngine(
+        cache.layout,
+        pool,
+        threads_per_block=np.int64(32),
+        max_thread_blocks=np.int32(2),
+        max_jobs_in_flight=np.int64(2),
+    )
+    assert engine.threads_per_block == dict.fromkeys(Direction, 32)
+    assert engine.thread_blocks == dict.fromkeys(Direction, 2)
+    assert all(type(value) is int for value in engine.threads_per_block.values())
+    engine.submit(1, "store", [0], [0])
+    assert engine.wait(1) and outcomes(engine.get_finished()) == [(1, True)]
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "block_bytes", "error", "message"),
+    [
+        ("4", 64, TypeError, "num_blocks must be a positive int, got '4'"),
+        (4.5, 64, TypeError, "num_blocks must be a positive int, got 4.5"),
+        (True, 64, TypeError, "num_blocks must be a positive int, got True"),
+        (None, 64, TypeError, "num_blocks must be a positive int, got None"),
+        (0, 64, ValueError, "num_blocks must be a positive int, got 0"),
+        (4, 64.0, TypeError, "block_bytes must be a positive int, got 64.0"),
+        (4, -8, ValueError, "block_bytes must be a positive int, got -8"),
+    ],
+)
+def test_host_pool_rejects_bad_sizes(num_blocks, block_bytes, error, message):
+    with pytest.raises(error, match=message):
+        HostPool(num_blocks, block_bytes)
+
+
+def test_host_pool_sizes_of_numpy_are_kept_as_ints():
+    pool = HostPool(np.int64(4), np.int32(64))
+    assert type(pool.num_blocks) is type(pool.block_bytes) is type(pool.nbytes) is int
+    assert pool.blocks.shape == (4, 64) and pool.nbytes == 256
+
+
+@pytest.mark.parametrize("job_id", [["req", 1], {"id": 1}, np.array([1])], ids=type_name)
+def test_an_unhashable_job_id_is_a_clear_error(setup, job_id):
+    _cache, pool, engine = setup
+    with pytest.raises(TypeError, match="job_id must be hashable .* got " + type_name(job_id)):
+        engine.submit(job_id, "store", [0], [0])
+    assert (pool.blocks == HOST_POISON).all() and engine.get_finished() == []
 
 
 def test_unknown_job_id(setup):
