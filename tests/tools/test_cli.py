@@ -9,13 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+from multiprocessing.process import BaseProcess
 
 import pytest
 from numbakv.dashboards import generate
 
 import numbakv.tools.demo.core
 import numbakv.tools.replay.core
+from numbakv.tools.cli import Interrupted
 from numbakv.tools.demo import command as demo
+from numbakv.tools.demo.core import DemoConfig, run_engines
 from numbakv.tools.progress import Progress
 from numbakv.tools.replay import command as replay_command
 from numbakv.tools.traces import read_hash_chains
@@ -258,6 +261,26 @@ def test_a_demo_over_a_tier_interrupted_in_its_second_engine_reports_both(tmp_pa
     ]
     assert requests[1] < requests[0]  # the second engine's figures so far
     assert "loaded that another engine stored; " in second and " 0 loaded that" not in second
+
+
+def test_ctrl_c_while_an_engine_process_ends_keeps_every_report(tmp_path, monkeypatch):
+    """The engine has sent its whole report and its process is ending: a Ctrl-C then used to
+    leave as a plain KeyboardInterrupt, and the demo printed no figures at all."""
+    ending = BaseProcess.join
+    joins = []
+
+    def join_interrupted_once(process, timeout=None):
+        joins.append(timeout)
+        if len(joins) == 2:  # the second engine's, once it answered
+            raise KeyboardInterrupt
+        return ending(process, timeout)
+
+    monkeypatch.setattr(BaseProcess, "join", join_interrupted_once)
+    config = DemoConfig(tier=f"dir:{tmp_path}", requests=8, sessions=2)
+    with pytest.raises(Interrupted) as cut_short:
+        run_engines(config)
+    assert [report.requests for report in cut_short.value.results] == [8, 8]
+    assert cut_short.value.requests == 8
 
 
 def test_progress_off_a_terminal_is_a_plain_line_every_interval(tmp_path):

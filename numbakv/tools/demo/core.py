@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -341,28 +342,40 @@ def run_engines(config: DemoConfig, progress: bool = False) -> list[DemoReport]:
     figures so far of the one cut short (when it sent them in time).
     """
     reports: list[DemoReport] = []
-    spawn = get_context("spawn")
     for _ in range(ENGINES):
-        answers, sender = spawn.Pipe(duplex=False)
-        engine = spawn.Process(target=_serve_engine, args=(config, progress, sender))
-        engine.start()
-        sender.close()  # the engine holds the other end: end of file here once it exits
+        engine, answers = _start_engine(config, progress)
+        interrupted = False
         try:
             try:
                 report, requests = _answer_of(engine, answers)
             except KeyboardInterrupt:
+                interrupted = True
                 report, requests = _answer_after_interrupt(engine, answers)
-                requests = requests or (report.requests if report else 0)
         finally:
-            engine.join(ANSWER_WAIT_S)  # at once, but for an interrupted engine closing its tier
-            if engine.is_alive():
-                engine.terminate()
-            answers.close()
+            interrupted |= _ended(engine, answers)
         if report is not None:
             reports.append(report)
-        if requests is not None:  # cut short, here or in the engine alone
-            raise Interrupted(reports, requests)
+        if interrupted or requests is not None:  # cut short, here or in the engine alone
+            whole = reports[-1].requests if reports else 0  # what a finished engine served
+            raise Interrupted(reports, requests or whole)
     return reports
+
+
+def _start_engine(config: DemoConfig, progress: bool) -> tuple[BaseProcess, Connection]:
+    """An engine's process, started deaf to Ctrl-C (it turns it on once its imports are done:
+    an import cut short would end it with a traceback), and the end of the pipe it answers on."""
+    spawn = get_context("spawn")
+    answers, sender = spawn.Pipe(duplex=False)
+    engine = spawn.Process(target=_serve_engine, args=(config, progress, sender))
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        engine.start()  # a process started with SIGINT ignored keeps it ignored
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, before)
+    sender.close()  # the engine holds the other end: end of file here once it exits
+    return engine, answers
 
 
 def _serve_engine(config: DemoConfig, progress: bool, answers: Connection) -> None:
@@ -371,6 +384,7 @@ def _serve_engine(config: DemoConfig, progress: bool, answers: Connection) -> No
     run serves; or the error that stopped it, where the command names it (a bad trace, a tier
     that will not open). Any other error ends the process with its traceback."""
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         answer: Any = (run(config, progress=progress), None)
     except Interrupted as cut_short:
         answer = (cut_short.results[0], cut_short.requests)
@@ -399,14 +413,32 @@ def _answer_of(engine: BaseProcess, answers: Connection) -> tuple[DemoReport | N
 def _answer_after_interrupt(
     engine: BaseProcess, answers: Connection
 ) -> tuple[DemoReport | None, int | None]:
-    """What an engine answers once Ctrl-C reached this process: sent the interrupt itself where
-    it has not answered within ANSWER_GRACE_S, waited for up to ANSWER_WAIT_S."""
-    if not answers.poll(ANSWER_GRACE_S) and engine.is_alive():
-        os.kill(engine.pid, signal.SIGINT)
-    answer = (None, 0)
+    """What an engine answers once Ctrl-C reached this process. A terminal interrupts the engine
+    too; where it has not answered within ANSWER_GRACE_S (`kill -INT` to this process alone, or
+    the engine still starting), it is sent the interrupt, again each ANSWER_GRACE_S, for up to
+    ANSWER_WAIT_S. A second Ctrl-C here stops the waiting: no figures."""
+    deadline = time.monotonic() + ANSWER_WAIT_S
     try:
-        if answers.poll(ANSWER_WAIT_S):
-            answer = answers.recv()
-    except EOFError:
-        pass  # it ended without a word: no figures
+        while not answers.poll(ANSWER_GRACE_S):
+            if not engine.is_alive() or time.monotonic() > deadline:
+                return None, 0
+            os.kill(engine.pid, signal.SIGINT)
+        answer = answers.recv()
+    except (KeyboardInterrupt, EOFError):  # interrupted again, or it ended without a word
+        return None, 0
     return (None, 0) if isinstance(answer, Exception) else answer
+
+
+def _ended(engine: BaseProcess, answers: Connection) -> bool:
+    """Let the engine's process end (at once, or after closing its tier where it was cut short),
+    stopped past ANSWER_WAIT_S; whether Ctrl-C came meanwhile."""
+    interrupted = False
+    try:
+        engine.join(ANSWER_WAIT_S)
+    except KeyboardInterrupt:
+        interrupted = True
+    if engine.is_alive():
+        engine.terminate()
+        engine.join()
+    answers.close()
+    return interrupted
