@@ -133,7 +133,7 @@ class CPUOffloadingManager:
         self.store_threshold = positive("store_threshold", store_threshold, integer=True)
         self.max_tracker_size = positive("max_tracker_size", max_tracker_size, integer=True)
         self.policy_name = cache_policy
-        if not isinstance(enable_events, bool):
+        if not isinstance(enable_events, (bool, np.bool_)):
             raise TypeError(f"enable_events must be True or False, got {enable_events!r}")
         # Reader count of each host slot, by block id; free slots and blocks being stored hold -1.
         # Filled by _reset_slots, in place: the policy keeps a reference to this list.

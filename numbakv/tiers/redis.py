@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -179,10 +179,12 @@ class RedisSettings:
         for name in ("max_connections", "stripes", "read_stripes"):
             object.__setattr__(self, name, positive(name, getattr(self, name), integer=True))
         for name in ("stripes", "read_stripes"):  # a connection is left for the lookups
-            if getattr(self, name) >= self.max_connections:
+            value = getattr(self, name)
+            if not self.cluster and value >= self.max_connections:
+                default = " (the default)" if value == _DEFAULTS[name] else ""
                 raise ValueError(
                     f"{name} must be at most max_connections - 1 = {self.max_connections - 1}, "
-                    f"got {getattr(self, name)}"
+                    f"got {value}{default}: raise max_connections or lower {name}"
                 )
         for name in ("socket_timeout_s", "connect_timeout_s"):
             object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
@@ -223,6 +225,9 @@ class RedisSettings:
     @property
     def ttl_ms(self) -> int | None:
         return None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
+
+
+_DEFAULTS = {field.name: field.default for field in fields(RedisSettings)}
 
 
 class RedisBackend(ChunkBackend):

@@ -199,6 +199,7 @@ class ChunkTier:
         self._lock = threading.Lock()
         self._finished: SimpleQueue[FinishedJob] = SimpleQueue()
         self._pending: dict[Future, Hashable] = {}  # jobs submitted and not finished: their ids
+        self._unreported: set[Hashable] = set()  # ids of the jobs submitted and not reported
         # Lookups get their own thread, so they never wait behind a transfer.
         self._lookup_thread = ThreadPoolExecutor(1, thread_name_prefix="numbakv-tier-lookup")
         # The oldest lookup the store has not answered yet (or the last answered), and when.
@@ -227,6 +228,8 @@ class ChunkTier:
     @property
     def rows(self) -> np.ndarray:
         """The host pool's rows the tier reads and writes in place."""
+        if self._pool is None:
+            raise RuntimeError("the tier is closed")
         return self._pool
 
     @property
@@ -361,16 +364,24 @@ class ChunkTier:
         self, work, direction: Direction, job_id: Hashable, keys: list[bytes], rows: np.ndarray
     ) -> None:
         with self._lock:
-            if job_id in self._pending.values():
+            if job_id in self._unreported:
                 raise ValueError(f"job_id {job_id!r} is in flight already")
-        future = self._io_threads.submit(self._run, work, direction, job_id, keys, rows)
+            self._unreported.add(job_id)
+        try:
+            future = self._io_threads.submit(self._run, work, direction, job_id, keys, rows)
+        except BaseException:  # a closed pool: the id stays free
+            with self._lock:
+                self._unreported.discard(job_id)
+            raise
         with self._lock:
             self._pending[future] = job_id
         future.add_done_callback(self._forget)
 
     def _forget(self, future: Future) -> None:
         with self._lock:
-            self._pending.pop(future, None)
+            job_id = self._pending.pop(future, None)
+            if future.cancelled():  # dropped by close(discard_pending=True): never reported
+                self._unreported.discard(job_id)
 
     def _count_late(self) -> None:
         with self._lock:
@@ -524,8 +535,6 @@ class ChunkTier:
             if direction is Direction.LOAD
             else self._counters.store_latency
         )
-        with self._lock:
-            latency.observe(seconds)
         job = FinishedJob(
             job_id,
             direction,
@@ -535,6 +544,9 @@ class ChunkTier:
             failed_keys=failed,
         )
         self._finished.put(job)
+        with self._lock:
+            latency.observe(seconds)
+            self._unreported.discard(job_id)  # its id is free again, for on_job_done too
         if self._on_job_done is not None:
             try:
                 self._on_job_done(job)

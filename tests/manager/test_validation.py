@@ -187,3 +187,4 @@ def test_events_are_turned_on_by_a_bool_only(flag):
     """enable_events="no" turned events on (a non-empty string is true)."""
     with pytest.raises(TypeError, match=f"enable_events must be True or False, got {flag!r}"):
         CPUOffloadingManager(1, 4, enable_events=flag)
+    assert CPUOffloadingManager(1, 4, enable_events=np.True_).take_events is not None

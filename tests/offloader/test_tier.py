@@ -331,6 +331,9 @@ def test_a_tier_over_another_pool_of_the_same_shape_is_refused(rig):
         KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=elsewhere)
     same = ChunkTier(DictBackend(), engine.host_pool, namespace())  # the HostPool itself: fine
     KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=same)
+    same.close()
+    with pytest.raises(RuntimeError, match="the tier is closed"):
+        KVOffloader(CPUOffloadingManager(2, HOST_BLOCKS), engine, tier=same)
 
 
 def test_tier_keys_are_bytes_as_they_are_and_ints_as_8_bytes():

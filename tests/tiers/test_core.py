@@ -265,6 +265,21 @@ def test_a_lone_key_a_closed_tier_and_a_job_id_in_flight_are_refused_by_name():
         tier.submit_store(4, KEYS[:1], [0])
 
 
+def test_a_job_id_is_free_again_once_reported_even_from_on_job_done():
+    """A retry submitted from the callback of the job it retries (the id was still taken)."""
+    retried = []
+
+    def retry_once(job):
+        if not retried:
+            retried.append(job.job_id)
+            tier.submit_store(job.job_id, KEYS[:1], [0])
+
+    tier = tier_over(DictBackend(), on_job_done=retry_once)
+    tier.submit_store(7, KEYS[:1], [0])
+    tier.drain()
+    assert [(job.job_id, job.success) for job in tier.take_finished()] == [(7, True), (7, True)]
+
+
 def test_a_load_into_one_row_twice_is_refused():
     with pytest.raises(ValueError, match="distinct"):
         tier_over(DictBackend()).submit_load(1, KEYS[:2], [3, 3])
