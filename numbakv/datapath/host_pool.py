@@ -51,6 +51,12 @@ class HostPool:
     ) -> None:
         self.num_blocks = positive("num_blocks", num_blocks, integer=True)
         self.block_bytes = positive("block_bytes", block_bytes, integer=True)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if self.nbytes > memory:  # pinned memory is never swapped out: it must fit in RAM
+            raise ValueError(
+                f"num_blocks x block_bytes must fit in this machine's memory ({memory:,} bytes), "
+                f"got {self.num_blocks:,} x {self.block_bytes:,} = {self.nbytes:,}"
+            )
         self.device = current_device_id()
         started = time.perf_counter()
         if shared is None:

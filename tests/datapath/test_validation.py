@@ -250,6 +250,7 @@ def test_whole_numbers_of_numpy_are_launch_options_as_ints(setup):
         (0, 64, ValueError, "num_blocks must be a positive int, got 0"),
         (4, 64.0, TypeError, "block_bytes must be a positive int, got 64.0"),
         (4, -8, ValueError, "block_bytes must be a positive int, got -8"),
+        (2**40, 2**30, ValueError, r"must fit in this machine's memory .* = 1,180,591,6"),
     ],
 )
 def test_host_pool_rejects_bad_sizes(num_blocks, block_bytes, error, message):
