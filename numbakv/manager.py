@@ -219,7 +219,7 @@ class CPUOffloadingManager:
             )
         if request.owner is not self:
             raise ValueError(f"{method}: request was begun by another CPUOffloadingManager")
-        return request.generation == self._generation
+        return self.is_current(request)
 
     def _record(
         self,
