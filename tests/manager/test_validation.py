@@ -187,4 +187,6 @@ def test_events_are_turned_on_by_a_bool_only(flag):
     """enable_events="no" turned events on (a non-empty string is true)."""
     with pytest.raises(TypeError, match=f"enable_events must be True or False, got {flag!r}"):
         CPUOffloadingManager(1, 4, enable_events=flag)
-    assert CPUOffloadingManager(1, 4, enable_events=np.True_).take_events is not None
+    manager = CPUOffloadingManager(1, 4, enable_events=np.True_)
+    manager.complete_store(manager.prepare_store([1]).block_hashes_to_store)
+    assert [event.block_hashes for event in manager.take_events()] == [[1]]
