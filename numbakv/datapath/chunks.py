@@ -23,7 +23,7 @@ from numbakv.checks import positive
 from numbakv.datapath._device import array_interface, interface_strides
 from numbakv.datapath.host_pool import HostPool
 from numbakv.datapath.layouts import KVLayout, LayoutKind
-from numbakv.datapath.transfer import TransferEngine
+from numbakv.datapath.transfer import TransferEngine, check_engine_options
 from numbakv.datapath.validation import (
     as_ids,
     check_callback,
@@ -82,6 +82,7 @@ class ChunkTransfers:
         check_callback("on_job_done", on_job_done)
         if not group_refs:
             raise ValueError("no KV cache group to offload")
+        check_engine_options(engine_options or {})
         self._compute_stream = compute_stream
         self._on_job_done = on_job_done
         self.layouts = [

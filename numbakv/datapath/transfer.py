@@ -15,6 +15,7 @@ call it from the thread that owns the engine's GPU work.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -181,18 +182,12 @@ class TransferEngine:
             raise ValueError(
                 f"host_pool.block_bytes is {host_pool.block_bytes}, the layout needs {layout.block_bytes}"
             )
-        if threads_per_block is not None:
-            threads_per_block = positive("threads_per_block", threads_per_block, integer=True)
-            if threads_per_block % kernels.WARP_SIZE or threads_per_block > 1024:
-                raise ValueError(
-                    f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}"
-                )
-        if max_thread_blocks is not None:
-            max_thread_blocks = positive("max_thread_blocks", max_thread_blocks, integer=True)
-        max_jobs_in_flight = positive("max_jobs_in_flight", max_jobs_in_flight, integer=True)
-        staging_bytes = positive("staging_bytes", staging_bytes, integer=True)
+        max_thread_blocks, threads_per_block, paths, staging_bytes, max_jobs_in_flight = (
+            _checked_options(
+                max_thread_blocks, threads_per_block, path, staging_bytes, max_jobs_in_flight
+            )
+        )
         check_callback("on_job_done", on_job_done)
-        paths = _paths(path)
         _check_same_device(layout, host_pool)
         self.layout = layout
         self.host_pool = host_pool
@@ -509,6 +504,40 @@ class TransferEngine:
     def _raise_if_faulted(self) -> None:
         if self._fault is not None:
             raise GPUFault(self._fault)
+
+
+def check_engine_options(options: Mapping[str, Any]) -> None:
+    """Check `TransferEngine`'s keyword options (all but `on_job_done`) without building anything:
+    `ChunkTransfers` refuses bad ones before it makes a host pool."""
+    if not isinstance(options, Mapping):
+        raise TypeError(f"engine_options must be a mapping, got {type(options).__name__}")
+    names = tuple(inspect.signature(_checked_options).parameters)
+    unknown = sorted(set(options) - set(names), key=str)
+    if unknown:
+        raise TypeError(f"engine_options: unknown option {unknown[0]!r}, expected any of {names}")
+    defaults = inspect.signature(TransferEngine).parameters
+    _checked_options(**{name: options.get(name, defaults[name].default) for name in names})
+
+
+def _checked_options(
+    max_thread_blocks: Any,
+    threads_per_block: Any,
+    path: Any,
+    staging_bytes: Any,
+    max_jobs_in_flight: Any,
+) -> tuple[int | None, int | None, dict[Direction, str], int, int]:
+    """The launch options, each checked by name; `path` as each direction's path."""
+    if threads_per_block is not None:
+        threads_per_block = positive("threads_per_block", threads_per_block, integer=True)
+        if threads_per_block % kernels.WARP_SIZE or threads_per_block > 1024:
+            raise ValueError(
+                f"threads_per_block must be a multiple of 32 up to 1024, got {threads_per_block}"
+            )
+    if max_thread_blocks is not None:
+        max_thread_blocks = positive("max_thread_blocks", max_thread_blocks, integer=True)
+    staging_bytes = positive("staging_bytes", staging_bytes, integer=True)
+    max_jobs_in_flight = positive("max_jobs_in_flight", max_jobs_in_flight, integer=True)
+    return max_thread_blocks, threads_per_block, _paths(path), staging_bytes, max_jobs_in_flight
 
 
 def _paths(path: str | Mapping[Direction | str, str] | None) -> dict[Direction, str]:

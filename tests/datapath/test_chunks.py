@@ -380,6 +380,14 @@ def test_group_sizes_and_block_indices_must_be_whole_numbers_naming_the_group(
         (2, 12.5, {}, TypeError, "num_chunks must be a positive int, got 12.5"),
         (2, True, {}, TypeError, "num_chunks must be a positive int, got True"),
         (2, 12, {"on_job_done": "metrics"}, TypeError, "on_job_done must be a callable .* str"),
+        (2, 12, {"engine_options": {"threads_per_block": 48}}, ValueError, "multiple of 32 .* 48"),
+        (2, 12, {"engine_options": {"max_thread_blocks": 0}}, ValueError, "max_thread_blocks"),
+        (2, 12, {"engine_options": {"path": "dma"}}, ValueError, "path must be one of"),
+        (2, 12, {"engine_options": {"staging_bytes": "64MiB"}}, TypeError, "staging_bytes"),
+        (2, 12, {"engine_options": {"max_jobs_in_flight": -1}}, ValueError, "max_jobs_in_flight"),
+        (2, 12, {"engine_options": {"threads": 64}}, TypeError, "unknown option 'threads'"),
+        (2, 12, {"engine_options": {"on_job_done": print}}, TypeError, "unknown option 'on_job"),
+        (2, 12, {"engine_options": [("path", "staged")]}, TypeError, "must be a mapping, got list"),
     ],
 )
 def test_bad_chunk_settings_are_refused_before_any_pool_is_made(
@@ -394,9 +402,8 @@ def test_bad_chunk_settings_are_refused_before_any_pool_is_made(
             GROUPINGS["one group"],
             blocks_per_chunk,
             num_chunks,
-            engine_options=SIMULATOR,
             host_pool=no_pool,
-            **options,
+            **{"engine_options": SIMULATOR, **options},
         )
 
 
