@@ -122,6 +122,9 @@ class KVLayout:
         extent = sum((n - 1) * s for n, s in zip(shape, strides)) + dtype.itemsize
         arena_bytes = int(bases.max()) + extent - arena_base
         segment_offsets = ((bases - arena_base)[:, None] + chunk_offsets[None, :]).reshape(-1)
+        _check_blocks_apart(
+            kind, shape[block_axis], chunk_bytes, block_stride, segment_offsets, len(chunk_offsets)
+        )
         word = _widest_word(arena_base, chunk_bytes, block_stride, segment_offsets)
         return cls(
             kind=kind,
@@ -221,6 +224,51 @@ def _check_devices(interfaces: list[dict]) -> int:
             "numba.cuda.select_device)"
         )
     return devices[0]
+
+
+def _check_blocks_apart(
+    kind: LayoutKind,
+    num_blocks: int,
+    chunk_bytes: int,
+    block_stride: int,
+    segment_offsets: np.ndarray,
+    segments_per_array: int,
+) -> None:
+    """Refuse a cache in which two blocks share a byte: loading one would overwrite the other.
+
+    Segments of one block may share bytes: layers that share one KV cache (vLLM's KV sharing) are
+    stored twice and written back identical. Segment s's chunk of block b starts at
+    `segment_offsets[s] + b * block_stride`, so chunks of two different blocks meet where two
+    offsets lie apart by less than `chunk_bytes` from a multiple m of the stride, 0 < m <
+    num_blocks: only pairs more than a stride less a chunk apart, and less than the whole cache's
+    reach, can (none, in the layouts engines use).
+    """
+    if num_blocks == 1:
+        return
+    if block_stride < chunk_bytes:
+        raise ValueError(
+            f"{kind.value}: blocks overlap: the block axis' stride is {block_stride} bytes and each "
+            f"block holds runs of {chunk_bytes}"
+        )
+    order = np.argsort(segment_offsets, kind="stable")
+    offsets = segment_offsets[order]
+    reach = (num_blocks - 1) * block_stride + chunk_bytes
+    first = np.searchsorted(offsets, offsets + block_stride - chunk_bytes, side="right")
+    past = np.searchsorted(offsets, offsets + reach, side="left")
+    for step in range(int((past - first).max(initial=0))):
+        near = np.flatnonzero(first + step < past)
+        apart = offsets[first[near] + step] - offsets[near]
+        multiple = np.maximum(1, (apart - chunk_bytes) // block_stride + 1)
+        meet = np.flatnonzero(multiple * block_stride < apart + chunk_bytes)
+        if meet.size:
+            pair = near[meet[0]]
+            one, other = order[pair], order[first[pair] + step]
+            raise ValueError(
+                f"{kind.value}: kv_caches[{one // segments_per_array}] and "
+                f"kv_caches[{other // segments_per_array}] overlap: block "
+                f"{multiple[meet[0]]} of the first shares bytes with block 0 of the second, and "
+                "each block needs bytes of its own"
+            )
 
 
 def _contiguous_chunks(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, np.ndarray]:

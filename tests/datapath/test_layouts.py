@@ -1,7 +1,11 @@
 """KVLayout: every layout reduces to segments of an arena; bad engine arrays fail at construction."""
 
+from functools import partial
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numba import cuda
 
 from numbakv.datapath import KVLayout, LayoutKind, layouts
@@ -153,3 +157,92 @@ def test_a_layout_prints_its_sizes_not_its_arrays():
     layout = make_cache("flash_attn", np.random.default_rng(3), num_blocks=64).layout
     text = repr(layout)
     assert "num_blocks=64" in text and "chunk_bytes=" in text and len(text) < 300
+
+
+# A load writes every segment of its blocks: were two blocks to share a byte, loading one would
+# overwrite the other. Segments of one block may share bytes (layers sharing one KV cache).
+
+
+def _random(shape, seed=3) -> np.ndarray:
+    return random_array(np.random.default_rng(seed), shape, np.float16)
+
+
+def test_layers_that_overlap_across_blocks_are_refused_naming_both():
+    memory = _random((5, 2, 4))  # layer 1's block 0 is layer 0's block 1
+    with pytest.raises(ValueError, match=r"kv_caches\[0\] and kv_caches\[1\] overlap: block 1"):
+        KVLayout.from_arrays("mla", [memory[:4], memory[1:]])
+
+
+def test_layers_that_overlap_by_part_of_a_block_are_refused():
+    memory = _random((128,))  # blocks 32 bytes apart, each two runs of 8 bytes, 16 apart
+    first, second = (
+        np.lib.stride_tricks.as_strided(memory[start:], (4, 2, 4), (32, 16, 2)) for start in (0, 19)
+    )  # the second's block 0 starts 38 bytes in: 6 bytes into the first's block 1
+    with pytest.raises(ValueError, match=r"kv_caches\[0\] and kv_caches\[1\] overlap: block 1"):
+        KVLayout.from_arrays("mla", [first, second])
+
+
+def test_a_block_axis_stride_shorter_than_a_block_is_refused():
+    memory = _random((64,))
+    overlapping = np.lib.stride_tricks.as_strided(memory, (4, 2, 4), (8, 8, 2))  # blocks of 16 B
+    with pytest.raises(ValueError, match="blocks overlap: the block axis' stride is 8 bytes"):
+        KVLayout.from_arrays("mla", [overlapping])
+
+
+@pytest.mark.parametrize(
+    ("kind", "arrays"),
+    [
+        pytest.param("mla", lambda: [_random((4, 2, 4))] * 3, id="one-cache-for-three-layers"),
+        pytest.param(
+            "flashinfer",
+            lambda: [_random((4, 3, 2, 2, 2, 4))[:, layer] for layer in range(3)],
+            id="flashinfer-layers-interleaved-in-one-array",
+        ),
+        pytest.param(
+            "mla",
+            lambda: [
+                np.lib.stride_tricks.as_strided(memory[start:], (4, 2, 4), (32, 16, 2))
+                for memory in [_random((128,))]
+                for start in (0, 3)
+            ],
+            id="layers-overlapping-within-each-block",  # 6 bytes apart, blocks 32
+        ),
+    ],
+)
+def test_layers_that_share_bytes_within_a_block_or_none_are_accepted(kind, arrays):
+    layout = KVLayout.from_arrays(kind, arrays())
+    assert layout.num_blocks == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    num_blocks=st.integers(1, 5),
+    chunk_bytes=st.integers(1, 8),
+    stride_over_chunk=st.integers(0, 12),
+    offsets=st.lists(st.integers(0, 60), min_size=1, max_size=5),
+)
+def test_blocks_are_found_apart_exactly_when_no_byte_is_in_two_blocks(
+    num_blocks, chunk_bytes, stride_over_chunk, offsets
+):
+    block_stride = chunk_bytes + stride_over_chunk
+    owners: dict[int, set[int]] = {}  # byte -> the blocks that hold it, by brute force
+    for offset in offsets:
+        for block in range(num_blocks):
+            start = offset + block * block_stride
+            for byte in range(start, start + chunk_bytes):
+                owners.setdefault(byte, set()).add(block)
+    shared = any(len(blocks) > 1 for blocks in owners.values())
+    check = partial(
+        layouts._check_blocks_apart,
+        LayoutKind.MLA,
+        num_blocks,
+        chunk_bytes,
+        block_stride,
+        np.array(offsets, dtype=np.int64),
+        1,
+    )
+    if shared:
+        with pytest.raises(ValueError, match="overlap"):
+            check()
+    else:
+        check()
