@@ -176,9 +176,6 @@ def _check_shape(kind: LayoutKind, shape: tuple, strides: tuple) -> None:
         raise ValueError(f"{kind.value}: empty KV cache, shape {shape}")
     if any(stride < 0 for stride in strides):
         raise ValueError(f"{kind.value}: negative strides are not supported, got strides {strides}")
-    block_axis = _BLOCK_AXIS[kind]
-    if shape[block_axis] > 1 and strides[block_axis] == 0:
-        raise ValueError(f"{kind.value}: blocks overlap (block axis stride 0), strides {strides}")
 
 
 def _check_same_as_first(

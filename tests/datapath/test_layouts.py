@@ -182,10 +182,11 @@ def test_layers_that_overlap_by_part_of_a_block_are_refused():
         KVLayout.from_arrays("mla", [first, second])
 
 
-def test_a_block_axis_stride_shorter_than_a_block_is_refused():
+@pytest.mark.parametrize("stride", [0, 8])
+def test_a_block_axis_stride_shorter_than_a_block_is_refused(stride):
     memory = _random((64,))
-    overlapping = np.lib.stride_tricks.as_strided(memory, (4, 2, 4), (8, 8, 2))  # blocks of 16 B
-    with pytest.raises(ValueError, match="blocks overlap: the block axis' stride is 8 bytes"):
+    overlapping = np.lib.stride_tricks.as_strided(memory, (4, 2, 4), (stride, 8, 2))  # 16 B blocks
+    with pytest.raises(ValueError, match=f"blocks overlap: the block axis' stride is {stride} "):
         KVLayout.from_arrays("mla", [overlapping])
 
 
