@@ -409,7 +409,7 @@ class KVOffloader:
             return None
         load.pending.discard(group)
         load.nbytes += part.nbytes
-        load.seconds = max(load.seconds, part.seconds)  # the groups run one after another
+        load.seconds += part.seconds  # the groups run one after another, on one stream
         load.success &= part.success
         if load.pending:
             return None

@@ -45,6 +45,12 @@ class EngineInFront:
     def completion_event(self, job_id):
         return self.engine.completion_event(job_id)
 
+    def enqueue(self, *args, **options):
+        self.engine.enqueue(*args, **options)
+
+    def wait(self, job_id):
+        return self.engine.wait(job_id)
+
 
 class FlakyTransfers(EngineInFront):
     """A real engine whose chosen jobs fail, at submit or on completion."""
@@ -414,6 +420,30 @@ def test_a_failed_group_fails_the_whole_load(setup):
     assert offloader.wait(job) is False
     assert outcomes(offloader.poll()) == [(0, True), (job, False)]
     assert manager.stats().being_read == 0
+
+
+class TimedTransfers(EngineInFront):
+    """A real engine whose jobs report the seconds given (the simulator times nothing)."""
+
+    def __init__(self, engine, seconds):
+        super().__init__(engine)
+        self.seconds = seconds
+
+    def get_finished(self):
+        return [
+            replace(job, seconds=self.seconds.get(job.job_id, job.seconds))
+            for job in self.engine.get_finished()
+        ]
+
+
+def test_a_layered_loads_time_is_its_groups_together(setup):
+    """The groups of a load run one after another on the load's stream: the load took their sum."""
+    _, _, engine, manager = setup
+    offloader = KVOffloader(manager, TimedTransfers(engine, {(1, 0): 0.25, (1, 1): 0.5}))
+    offloader.wait(offloader.store([1], [5]))
+    job = offloader.load([1], [0], layer_groups=[range(1), range(1, 2)])
+    assert offloader.wait(job)
+    assert [(done.job_id, done.seconds) for done in offloader.poll()][-1] == (job, 0.75)
 
 
 def test_a_group_refused_midway_rolls_the_load_back_and_drops_its_queued_groups(setup):
