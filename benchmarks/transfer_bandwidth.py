@@ -300,8 +300,8 @@ class ChunkBench:
         engine = self.engine(DEFAULT_MAX_THREAD_BLOCKS, path=STAGED)
         lane = engine._lanes[Direction.STORE]  # a measurement's seam, not an API
         slot, count = lane.free_slots[0], self.blocks
-        slot.staged_ids[:count] = self.gpu_ids[:count]
-        slot.staged_ids[count : 2 * count] = lane.staging.positions[:count]
+        slot.pinned_ids[:count] = self.gpu_ids[:count]
+        lane.staging.positions(out=slot.pinned_ids[count : 2 * count])
         segments = engine.layout.num_segments
         every = (0, segments, segments, 0)  # the kernels' segment arguments: every segment
         lane.staging.queue(lambda *_: None, 1, self.host_ids[:count], count, every)  # addresses
@@ -311,8 +311,8 @@ class ChunkBench:
             "id_upload": lambda: upload(
                 lane.device_ids,
                 lane.device_ids_at,
-                slot.staged_ids,
-                slot.staged_at,
+                slot.pinned_ids,
+                slot.pinned_ids_at,
                 2 * count,
                 lane.stream_at,
             ),

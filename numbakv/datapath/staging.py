@@ -61,24 +61,29 @@ class Staging:
             self._copy = BatchCopy(
                 stream, self._staged_addresses, self._host_addresses, self._sizes
             )
+        self._pair_indexes = np.arange(max_pairs, dtype=np.int64)
         self._seg_count = 0  # none yet
         self.use(num_segments)
 
     def use(self, seg_count: int) -> None:
         """Pack `seg_count` segments of each block from now on: sets `capacity` (blocks a round)
-        and `positions` (pair i's place in the buffer, what the kernels take as its host block
-        id). A NumPy pass over the most pairs a job can have, only when the number of segments
-        differs from the last job's."""
+        and the copy's buffer addresses, a NumPy pass over a round's blocks when the number of
+        segments differs from the last job's."""
         if seg_count == self._seg_count:
             return
         part = seg_count * self._chunk_bytes
         self.capacity = min(self._buffer_bytes // part, self._max_pairs)
-        self.positions = np.arange(self._max_pairs, dtype=np.int64) % self.capacity
-        self._staged_addresses[: self.capacity] = (
-            self._base + np.arange(self.capacity, dtype=np.int64) * part
+        np.multiply(
+            self._pair_indexes[: self.capacity], part, out=self._staged_addresses[: self.capacity]
         )
+        self._staged_addresses[: self.capacity] += self._base
         self._sizes[: self.capacity] = part
         self._seg_count = seg_count
+
+    def positions(self, out: np.ndarray) -> None:
+        """Write each of a job's pairs' places in the buffer (what the kernels take as its host
+        block id: pair i goes to place i mod `capacity`) into `out`, one per pair."""
+        np.remainder(self._pair_indexes[: len(out)], self.capacity, out=out)
 
     def queue(
         self, launch: Launcher, grid: int, host_ids: np.ndarray, count: int, segments: tuple

@@ -91,10 +91,11 @@ class GPUFault(RuntimeError):
 
 @dataclass(eq=False, slots=True)
 class _Slot:
-    """What one job in flight needs and may not share: staged ids and its timing events."""
+    """What one job in flight needs and may not share: its ids in pinned memory, for the upload,
+    and its timing events."""
 
-    staged_ids: np.ndarray  # pinned
-    staged_at: int
+    pinned_ids: np.ndarray
+    pinned_ids_at: int
     start: Any
     end: Any  # blocking-sync: waiting on it sleeps
     start_at: int
@@ -158,9 +159,9 @@ class _Lane:
 
     @staticmethod
     def _slot(num_destinations: int) -> _Slot:
-        staged = cuda.pinned_array(2 * num_destinations, dtype=np.int64)
+        ids = cuda.pinned_array(2 * num_destinations, dtype=np.int64)
         start, end = new_event(), new_event(blocking=True)
-        return _Slot(staged, device_address(staged), start, end, handle_of(start), handle_of(end))
+        return _Slot(ids, device_address(ids), start, end, handle_of(start), handle_of(end))
 
 
 class TransferEngine:
@@ -356,9 +357,12 @@ class TransferEngine:
 
         slot = self._take_slot(lane)
         try:
-            staged = slot.staged_ids
-            staged[:count] = gpu_ids
-            staged[count : 2 * count] = host_ids if staging is None else staging.positions[:count]
+            pinned = slot.pinned_ids  # the job's GPU ids, then its host ids (or staged places)
+            pinned[:count] = gpu_ids
+            if staging is None:
+                pinned[count : 2 * count] = host_ids
+            else:
+                staging.positions(out=pinned[count : 2 * count])
             if dependency is not None:
                 self._hold_back(lane, *dependency)
             record(slot.start_at, lane.stream_at)
@@ -366,8 +370,8 @@ class TransferEngine:
                 upload(
                     lane.device_ids,
                     lane.device_ids_at,
-                    staged,
-                    slot.staged_at,
+                    pinned,
+                    slot.pinned_ids_at,
                     2 * count,
                     lane.stream_at,
                 )

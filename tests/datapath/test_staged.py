@@ -188,3 +188,26 @@ def test_a_round_costs_no_allocation_of_device_or_pinned_memory(monkeypatch):
     engine.submit(2, "load", np.arange(6), np.arange(6))
     finish(engine, 1, 2)
     assert made == []
+
+
+def test_jobs_of_changing_layer_counts_allocate_nothing_the_size_of_the_gpu_cache():
+    """A layered load's groups pack different numbers of segments: each change resizes a round,
+    and a job's places in the buffer are written into its pinned ids, with no array per job."""
+    import tracemalloc
+
+    cache = make_cache("flash_attn", np.random.default_rng(6), num_layers=4, num_blocks=1 << 14)
+    engine, _ = _engine(cache, STAGED_BOTH, staging_blocks=4)
+    staging = engine._lanes[Direction.LOAD].staging  # the submit path's own calls, timed apart
+    out = np.empty(1 << 14, dtype=np.int64)
+    tracemalloc.start()
+    try:
+        for seg_count in (2, 6, 8, 2, 4):
+            staging.use(seg_count)
+            staging.positions(out=out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4096  # an array of the cache's 16384 blocks is 128 KiB
+    staging.use(2)  # rounds of 16 blocks of two segments each
+    staging.positions(out=out[:40])
+    assert out[:40].tolist() == [pair % 16 for pair in range(40)]
