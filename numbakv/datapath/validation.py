@@ -68,8 +68,9 @@ def check_range(name: str, ids: np.ndarray, limit: int) -> None:
 
 class IdCheck:
     """Block ids in [0, `limit`), as one job names them: integers, in range, and, where they are
-    the job's destinations, unique. The uniqueness test allocates nothing: each id stamps its
-    position in a buffer kept across calls, and a repeated id overwrites an earlier stamp."""
+    the job's destinations, unique. The uniqueness test sorts nothing and allocates nothing the
+    size of the pool: each id stamps its position in a buffer kept across calls, and a repeated
+    id overwrites an earlier stamp."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
