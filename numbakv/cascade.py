@@ -233,6 +233,10 @@ class Cascade:
         """Call `then` once the demotion `place` returned has landed, done or failed."""
         self._after_demotion[demotion] = then
 
+    def wait_for(self, demotion: int) -> None:
+        """Wait until the demotion `place` returned has landed (`collect` settles it)."""
+        self.tier.wait(demotion)
+
     def write_through(self, block_hashes: list, host_ids: np.ndarray) -> bool:
         """An engine's store has written these host blocks: whether they go down now
         (`sent_down`); they then become ready once the tier has them. False: the caller makes

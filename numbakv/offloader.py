@@ -326,7 +326,7 @@ class KVOffloader:
             elif demotion is None:
                 self.transfers.wait(job_id)
             else:
-                self.tier.wait(demotion)  # its host slots' old blocks on their way down
+                self._cascade.wait_for(demotion)  # its host slots' old blocks on their way down
             self._collect()
         reported = [job.success for job in self._finished if job.job_id == job_id]
         if not reported:
@@ -347,8 +347,7 @@ class KVOffloader:
             if self._jobs:
                 self.wait(next(iter(self._jobs)))
             else:
-                self.tier.drain()
-                self._collect()
+                self._cascade.finish()
 
     def flush_to_tier(self) -> TierFlush:
         """Store every ready host block the tier does not hold yet down to it, and wait: what an
@@ -436,7 +435,7 @@ class KVOffloader:
             raise ValueError(f"layer must be a layer index in [0, {num_layers}), got {layer!r}")
         demotion = self._waiting.get(job_id)
         if demotion is not None:  # a store whose slots are being demoted: hand it over now
-            self.tier.wait(demotion)
+            self._cascade.wait_for(demotion)
             self._collect()
         if job_id not in self._jobs:
             return None

@@ -36,12 +36,9 @@ class BlockLists:
             newer[before] = after
             older[after] = before
 
-    def link_newer(self, node: int, anchor: int) -> None:
-        """Put `node` just newer than `anchor` (a block, or a sentinel: then it is the oldest)."""
-        self.link_newer_all((node,), anchor)
-
     def link_newer_all(self, nodes: Sequence[int], anchor: int) -> None:
-        """Put unlinked `nodes` just newer than `anchor`, in order: the last is the newest."""
+        """Put unlinked `nodes` just newer than `anchor` (a block, or a sentinel: then the first
+        is the oldest), in order: the last is the newest."""
         if not nodes:
             return
         newer, older = self.newer, self.older

@@ -116,7 +116,7 @@ def test_block_lists_move_blocks_as_plain_lists_do(steps) -> None:
             lists.push_oldest(block, lists.sentinel(index))
             model[index].insert(0, block)
         elif home(anchor) is not None:
-            lists.link_newer(block, anchor)
+            lists.link_newer_all((block,), anchor)
             blocks = home(anchor)
             blocks.insert(blocks.index(anchor) + 1, block)
         for number, blocks in enumerate(model):
@@ -157,7 +157,7 @@ def test_a_batch_call_moves_blocks_as_one_call_per_block_does(batches) -> None:
                 anchor = target if target in linked else sentinel
                 batched.link_newer_all(nodes, anchor)
                 for node in nodes:  # each just newer than the one before
-                    single.link_newer(node, anchor)
+                    single.link_newer_all((node,), anchor)
                     anchor = node
             linked.update(nodes)
         for index in range(3):

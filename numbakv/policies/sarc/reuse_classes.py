@@ -172,16 +172,16 @@ class ReuseClasses:
         heads = self._heads
         if heads[block_class] == block_id:
             after = self._queues.newer[block_id]
-            if after != self.capacity + block_class:
+            if after != self._queues.sentinel(block_class):
                 heads[block_class] = after
         self._queues.unlink(block_id)
-        self._queues.push_newest(block_id, self.capacity + block_class)
+        self._queues.push_newest(block_id, self._queues.sentinel(block_class))
 
     def demote(self, block_id: int) -> None:
         """A queued block becomes the oldest of its class."""
         block_class = self._class_of[block_id]
         self._queues.unlink(block_id)
-        self._queues.push_oldest(block_id, self.capacity + block_class)
+        self._queues.push_oldest(block_id, self._queues.sentinel(block_class))
         self._heads[block_class] = block_id
         self._rekey.add(block_class)
 
@@ -224,7 +224,7 @@ class ReuseClasses:
 
     def queue(self, block_class: int) -> Iterator[int]:
         """The queued blocks of a class, oldest first."""
-        return self._queues.oldest_first(self.capacity + block_class)
+        return self._queues.oldest_first(self._queues.sentinel(block_class))
 
     def take_victims(self, count: int, now: int, protected: AbstractSet[BlockHash]) -> list[int]:
         """Dequeue and return up to `count` blocks that may be evicted (ref count 0, hash not
