@@ -9,7 +9,7 @@ policy at `finish_request` (docs/MANAGER.md, "Requests").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from numbakv.specs import BlockHash
@@ -37,7 +37,7 @@ class RequestAccess:
     positions: Callable[[BlockHash], int | None] | None = None
     finished: bool = False
 
-    def record(self, block_hashes: list[BlockHash], reused: list[BlockHash]) -> None:
+    def record(self, block_hashes: Iterable[BlockHash], reused: Iterable[BlockHash]) -> None:
         """Note blocks seen (new ones at the end, in order) and which of them were re-used."""
         self.blocks.update(dict.fromkeys(block_hashes))
         inserted = self.inserted

@@ -25,6 +25,7 @@ from numbakv.datapath._device import (
     map_host,
     word_view,
 )
+from numbakv.datapath.layouts import KVLayout
 from numbakv.datapath.shared_memory import SHARED_DIR, SharedHostMemory
 
 
@@ -93,8 +94,8 @@ class HostPool:
             weakref.finalize(self, memory.unlink)
 
     @classmethod
-    def for_layout(cls, layout: Any, num_blocks: int) -> HostPool:
-        """A pool whose host blocks each hold one block of every segment of `layout` (a KVLayout)."""
+    def for_layout(cls, layout: KVLayout, num_blocks: int) -> HostPool:
+        """A pool whose host blocks each hold one block of every segment of `layout`."""
         return cls(num_blocks, layout.block_bytes)
 
     @property

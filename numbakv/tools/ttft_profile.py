@@ -216,7 +216,7 @@ def add_ttft_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def read_profile(parser, args: argparse.Namespace) -> TTFTProfile | None:
+def read_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TTFTProfile | None:
     """The profile --ttft-profile names, or None; a bad one or a bad --block-tokens exits with
     one line (the parser's `error`, status 2)."""
     if args.block_tokens < 1:

@@ -50,7 +50,7 @@ class NumbaKVOffloadingManager(OffloadingManager):
         *,
         config_info: Mapping[str, Any] | None = None,
         failed_store_events: bool = False,
-    ):
+    ) -> None:
         """`config_info`: the labels of vLLM 0.33's `vllm:kv_offload_config_info`;
         `failed_store_events`: announce failed stores as `metadata_only` removals (vLLM 0.33)."""
         self.manager = manager
