@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from numbakv.tools.fleet.core import FleetConfig, FleetResult
+from numbakv.tools.plots import Line, plot_hit_ratio_lines
 from numbakv.tools.replay.planning import BYTE_UNITS, Capacity, bytes_label
 
 NONE = Capacity(0)  # a tier the fleet does not have
@@ -81,35 +82,22 @@ def plot_fleet(
 ) -> None:
     """Write a picture (PNG, SVG or PDF, by `path`'s suffix) of hit ratio against host capacity
     per engine, one line per policy, tiering, disk and shared capacity (needs matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     unit = sizes[0].host.unit
     hosts = {size.host.blocks: size.host for size in sizes}
     x_of = {b: c.size_bytes / BYTE_UNITS[unit] if unit else b for b, c in hosts.items()}
-    lines: dict[str, list[tuple[float, float]]] = {}
+    lines: dict[str, Line] = {}
     for result, size in zip(results, sizes):
         config = result.config
         lower = config.disk_capacity or config.shared_capacity
         name = f"{config.policy}, disk {size.label('disk')}, shared {size.label('shared')}"
         if lower:
             name += f", {config.tiering}"
-        lines.setdefault(name, []).append((x_of[size.host.blocks], result.hit_ratio))
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for name, points in lines.items():
-        points.sort()
-        axes.plot(*zip(*points), marker="o", markersize=3, label=name)
-    axes.set_xscale("log")
-    axes.set_xticks([x_of[b] for b in hosts], [c.label for c in hosts.values()])
-    axes.minorticks_off()
-    axes.set_xlabel(f"host capacity per engine ({unit or 'blocks'})")
-    axes.set_ylabel("hit ratio (block references)")
-    axes.set_ylim(bottom=0)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize="small")
-    axes.set_title(f"{title}: {describe_fleet(results[0].config)}" if title else "")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+        line = lines.setdefault(name, Line(name))
+        line.points.append((x_of[size.host.blocks], result.hit_ratio))
+    plot_hit_ratio_lines(
+        path,
+        list(lines.values()),
+        {x_of[b]: c.label for b, c in hosts.items()},
+        f"host capacity per engine ({unit or 'blocks'})",
+        f"{title}: {describe_fleet(results[0].config)}" if title else "",
+    )

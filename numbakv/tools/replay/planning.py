@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from numbakv.tools.plots import Line, plot_hit_ratio_lines
 from numbakv.tools.replay.belady import BELADY
 from numbakv.tools.replay.core import ReplayResult
 
@@ -162,35 +163,22 @@ def plot_hit_ratios(
 ) -> None:
     """Write a picture (PNG, SVG or PDF, by `path`'s suffix) of hit ratio against capacity, one
     line per policy, capacity in the unit of the first one given (needs matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     unit = capacities[0].unit
     x_of = {c.blocks: c.size_bytes / BYTE_UNITS[unit] if unit else c.blocks for c in capacities}
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for policy in dict.fromkeys(result.policy for result in results):
-        runs = sorted((r for r in results if r.policy == policy), key=lambda r: r.capacity)
-        style = {"color": "black", "linestyle": "--"} if policy == BELADY else {}
-        axes.plot(
-            [x_of[run.capacity] for run in runs],
-            [run.hit_ratio for run in runs],
-            marker="o",
-            markersize=3,
-            label="belady (clairvoyant bound)" if policy == BELADY else policy,
-            **style,
-        )
-    axes.set_xscale("log")
-    axes.set_xticks([x_of[c.blocks] for c in capacities], [c.label for c in capacities])
-    axes.minorticks_off()
-    axes.set_xlabel(f"host capacity ({unit or 'blocks'})")
-    axes.set_ylabel("hit ratio (block references)")
-    axes.set_ylim(bottom=0)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    if title:
-        axes.set_title(title)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    lines: dict[str, Line] = {}
+    for result in results:
+        line = lines.get(result.policy)
+        if line is None:
+            line = lines[result.policy] = (
+                Line("belady (clairvoyant bound)", style={"color": "black", "linestyle": "--"})
+                if result.policy == BELADY
+                else Line(result.policy)
+            )
+        line.points.append((x_of[result.capacity], result.hit_ratio))
+    plot_hit_ratio_lines(
+        path,
+        list(lines.values()),
+        {x_of[c.blocks]: c.label for c in capacities},
+        f"host capacity ({unit or 'blocks'})",
+        title,
+    )
