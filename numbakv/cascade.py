@@ -135,25 +135,29 @@ class Cascade:
         for block_hash in block_hashes:
             tier_key(block_hash)
 
-    def promote(self, missed: list, hits: int) -> int | None:
-        """The host pool's hits for a request whose blocks after its `hits` host hits, `missed`,
-        are not in host memory; None: ask again after the tier's jobs are collected.
+    def promote(self, block_hashes: list, hits: int) -> int | None:
+        """The host pool's hits for a request whose blocks after its first `hits` are not in
+        host memory; None: ask again after the tier's jobs are collected.
 
-        The leading `missed` blocks the tier holds are promoted into host memory (None until they
-        are there), as many as host memory has room for; a failed promotion is a miss.
+        The leading missed blocks the tier holds are promoted into host memory (None until they
+        are there), as many as host memory has room for beside the request's own hits, which a
+        promotion never evicts; a failed promotion is a miss.
         """
+        host_hits, missed = block_hashes[:hits], block_hashes[hits:]
         if missed[0] in self._promoting:
             return None
         if self.manager.is_being_stored(missed[0]):
             return hits  # the engine is storing it: it still has it
+        room = self.manager.room(spared=host_hits)
+        if room < 1:
+            return hits  # the tier is not even asked
         held = self._held_below(missed)
         if held is None:
             return None
-        stats = self.manager.stats()  # what host memory can take: free and evictable slots
-        held = min(held, stats.free + stats.used - stats.being_stored - stats.being_read)
+        held = min(held, room)
         if held < 1:
             return hits
-        plan = self.manager.prepare_store(missed[:held])
+        plan = self.manager.prepare_store(missed[:held], spared=host_hits)
         if plan is None or not plan.block_hashes_to_store:
             return hits  # no room in host memory (every block pinned or being stored)
         promoted, slots = plan.block_hashes_to_store, plan.store_spec.block_ids

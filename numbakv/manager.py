@@ -92,7 +92,9 @@ def _checked(positions: Callable[[BlockHash], int | None]) -> Callable[[BlockHas
     return position_of
 
 
-def _hash_error(method: str, hashes: Sequence, error: TypeError) -> TypeError:
+def _hash_error(
+    method: str, hashes: Sequence, error: TypeError, argument: str = "block_hashes"
+) -> TypeError:
     """What `method` raises when hashing its `hashes` raised `error`, before it changed anything.
 
     The manager's one check of hashes one by one, on error paths only (the methods' own hashing
@@ -104,7 +106,7 @@ def _hash_error(method: str, hashes: Sequence, error: TypeError) -> TypeError:
             hash(block_hash)
         except TypeError:
             return TypeError(
-                f"{method}: block_hashes[{position}] is a {type(block_hash).__name__}, which is "
+                f"{method}: {argument}[{position}] is a {type(block_hash).__name__}, which is "
                 "not hashable: a block hash must be bytes, an int or another hashable value"
             )
     return error
@@ -179,6 +181,18 @@ class CPUOffloadingManager:
         self._hit_blocks += hits
         self._missed_blocks += len(hashes) - hits
         return hits
+
+    def room(self, spared: Iterable[BlockHash] = ()) -> int:
+        """How many new blocks a store could place now: free slots and idle ready blocks, less
+        the idle ones among `spared` (what `prepare_store(..., spared=)` keeps). Counts nothing."""
+        spared = _hash_list(spared, "spared")
+        get, ref_counts = self._policy.get, self._ref_counts
+        try:
+            kept = {get(block_hash) for block_hash in spared}
+        except TypeError as error:
+            raise _hash_error("room", spared, error, "spared") from None
+        idle_kept = sum(ref_counts[block_id] == 0 for block_id in kept if block_id is not None)
+        return self._free_count() + self._num_idle - idle_kept
 
     def is_being_stored(self, block_hash: BlockHash) -> bool:
         """Whether a store of this hash is prepared and not completed yet. Counts no lookup."""
@@ -347,17 +361,24 @@ class CPUOffloadingManager:
     # --- stores ---
 
     def prepare_store(
-        self, block_hashes: Iterable[BlockHash], request: RequestAccess | None = None
+        self,
+        block_hashes: Iterable[BlockHash],
+        request: RequestAccess | None = None,
+        *,
+        spared: Iterable[BlockHash] = (),
     ) -> StorePlan | None:
         """Allocate host slots for the hashes not cached yet, evicting if needed.
 
-        Returns None when not enough blocks can be evicted (only ready, idle blocks not named in
-        this call are victims): nothing is stored or evicted then, but the offer is counted, as
-        vLLM counts it (`store_threshold`, stores skipped, the request's record). With a
-        `request`, the blocks it stores or finds ready are noted for `finish_request`, and the
-        policy is shown each new block once per request before it goes in (ARC adapts there).
+        Returns None when not enough blocks can be evicted (only ready, idle blocks named neither
+        in this call nor in `spared` are victims): nothing is stored or evicted then, but the
+        offer is counted, as vLLM counts it (`store_threshold`, stores skipped, the request's
+        record). With a `request`, the blocks it stores or finds ready are noted for
+        `finish_request`, and the policy is shown each new block once per request before it goes
+        in (ARC adapts there). `spared`: cached blocks the caller is about to load (a lookup's
+        hits), kept without being offered.
         """
         hashes = _hash_list(block_hashes)
+        spared = _hash_list(spared, "spared")
         recorded = self._checked_request("prepare_store", request)
         get, ref_counts = self._policy.get, self._ref_counts
         # One pass: the hashes not cached, and the ready ones by block id (an eviction spares
@@ -373,6 +394,14 @@ class CPUOffloadingManager:
                     ready[block_hash] = block_id
         except TypeError as error:
             raise _hash_error("prepare_store", hashes, error) from None
+        kept = dict(ready)
+        try:
+            for block_hash in spared:
+                block_id = get(block_hash)
+                if block_id is not None and ref_counts[block_id] >= 0:
+                    kept[block_hash] = block_id
+        except TypeError as error:
+            raise _hash_error("prepare_store", spared, error, "spared") from None
         if self._offers is not None:
             self._record_offers(hashes)
         to_store = list(new)
@@ -390,7 +419,7 @@ class CPUOffloadingManager:
         evicted: list[BlockHash] = []
         evicted_ids = HostBlocks()
         if shortfall > 0:
-            victims = self._evict(shortfall, ready)
+            victims = self._evict(shortfall, kept)
             if victims is None:
                 self._refused_store_blocks += len(to_store)
                 return None

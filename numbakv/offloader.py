@@ -142,7 +142,7 @@ class KVOffloader:
         hits = self.manager.lookup(block_hashes)
         if self._cascade is None or hits == len(block_hashes):
             return hits
-        return self._cascade.promote(list(block_hashes)[hits:], hits)
+        return self._cascade.promote(list(block_hashes), hits)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         """Tell the host tier's policy the engine is using these blocks (first = most recent)."""

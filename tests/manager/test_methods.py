@@ -396,3 +396,30 @@ def test_lru_ranks_a_running_requests_blocks_by_position_tails_first_where_it_kn
     assert stored(manager, ["newer"]).block_hashes_evicted == ["other"]
     assert stored(manager, ["newest"]).block_hashes_evicted == ["new"]
     assert stored(manager, ["last"]).block_hashes_evicted == ["middle"]
+
+
+def test_spared_blocks_are_never_evicted_and_room_leaves_them_out(manager):
+    stored(manager, [1, 2, 3])
+    manager.prepare_load([3])  # being read: neither room nor a victim
+    assert manager.room() == 3  # a free slot, 1 and 2 idle
+    assert manager.room(spared=[1, 3, 9]) == 2  # 3 pinned already, 9 unknown
+    plan = manager.prepare_store([4, 5], spared=[1])
+    assert plan.block_hashes_evicted == [2]
+    assert manager.room(spared=[1]) == 0
+    assert manager.prepare_store([6], spared=[1]) is None  # only 1 could go
+    assert manager.lookup([1]) == 1
+
+
+def test_spared_blocks_are_not_offered():
+    manager = CPUOffloadingManager(block_size=16, num_blocks=4, store_threshold=2)
+    stored(manager, [1]), stored(manager, [1])  # offered twice: admitted
+    manager.prepare_store([2], spared=[1])
+    assert list(manager._offers.items()) == [(1, 2), (2, 1)]  # the offer tracker, oldest first
+
+
+@pytest.mark.parametrize("method", ["room", "prepare_store"])
+def test_an_unhashable_spared_hash_is_named(manager, method):
+    call = manager.room if method == "room" else lambda **kw: manager.prepare_store([1], **kw)
+    with pytest.raises(TypeError, match=rf"{method}: spared\[1\] is a list"):
+        call(spared=[2, [3]])
+    assert manager.stats().being_stored == 0

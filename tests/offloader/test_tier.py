@@ -275,9 +275,31 @@ def test_no_promotion_without_room_in_host_memory(rig):
     offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
     offloader.wait(offloader.store([b"e"], [4]))
     offloader.drain()
-    pinned = rig.manager.prepare_load([b"b", b"c", b"d", b"e"])  # every host block being read
-    assert rig.settled_lookup([b"a"]) == 0 and rig.manager.stats().used == 4
-    assert len(pinned) == 4
+    rig.manager.prepare_load([b"b", b"c", b"d", b"e"])  # every host block being read
+    before = rig.manager.stats()
+    assert rig.settled_lookup([b"a"]) == 0
+    after = rig.manager.stats()
+    assert (after.refused_store_blocks, after.evicted_blocks) == (
+        before.refused_store_blocks,  # not even asked for: the tier's copy stays where it is
+        before.evicted_blocks,
+    )
+
+
+def test_a_promotion_never_evicts_the_blocks_its_request_hits(rig):
+    """Room for one block beside three being read: a is promoted into it, and b, which would
+    take a's slot, is not; before, each lookup promoted the block the last one had evicted."""
+    offloader = rig.offloader
+    offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+    offloader.wait(offloader.store([b"e", b"f"], [4, 5]))  # a and b demoted
+    offloader.drain()
+    rig.manager.prepare_load([b"c", b"d", b"e"])
+    answers = []
+    for _ in range(6):
+        answers.append(offloader.lookup([b"a", b"b"]))
+        offloader.drain()
+    assert answers == [None, None, 1, 1, 1, 1]  # the tier asked for a, a promoted, then no room
+    assert rig.manager.stats().evicted_blocks == 3  # a, b, then f for a
+    rig.load_and_check([b"a"], [0])
 
 
 def test_reset_waits_for_the_tier_and_keeps_what_it_holds(rig):
