@@ -163,6 +163,7 @@ def test_prepare_load_errors_change_nothing(manager):
         manager.prepare_load([1, 3])
     assert manager.stats().being_read == 0
     assert manager.stats().loaded_blocks == 0
+    assert manager.remove([1, 2]) == [1, 2]  # neither pinned: a pin left behind would keep it
 
 
 def test_complete_load_errors_change_nothing(manager):

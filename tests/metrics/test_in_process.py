@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import timeit
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -58,6 +57,7 @@ def test_disabled_metrics_register_nothing_and_ignore_jobs(monkeypatch):
     metrics.on_job_done(FinishedJob(1, "store", True, 10, 0.1))
     metrics.sync()
     assert not metrics.enabled and samples(registry) == {}
+    assert metrics._transfers.totals["store"].jobs == 0  # the job was not even counted
 
 
 def test_close_unregisters_the_collector():
@@ -134,14 +134,6 @@ def test_unknown_direction_is_rejected():
     metrics = OffloadMetrics(registry=None, enabled=True)
     with pytest.raises(KeyError):
         metrics.on_job_done(FinishedJob(1, "sideways", True, 10, 0.1))
-
-
-def test_recording_a_job_costs_at_most_a_few_hundred_ns():
-    metrics = OffloadMetrics(registry=None, enabled=True)
-    record, job = metrics.on_job_done, FinishedJob(1, "store", True, 4096, 0.002)
-    n = 20000
-    best = min(timeit.repeat(lambda: record(job), number=n, repeat=5)) / n
-    assert best < 1e-6, f"{best * 1e9:.0f} ns per call"
 
 
 @pytest.mark.skipif(
