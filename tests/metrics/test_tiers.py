@@ -102,12 +102,15 @@ def test_the_sidecar_summary_gives_each_tier_its_ratios_and_breaker():
     before = totals_from(registry.collect(), at=0.0)
     tier.backend.unavailable = False
     tier._breaker._open_until = 0.0  # cooled down: the next call probes the store
+    other = tier_over(tier.backend, writer_id=b"another!")  # another engine, the same store
+    other.submit_store(1, [b"o"], [4])
+    finished(other)
     tier.contains([b"a", b"b", b"x", b"y"])
-    tier.submit_load(3, [b"b"], [3])
+    tier.submit_load(3, [b"b", b"o", b"a"], [3, 4, 5])
     finished(tier)
     stats = summarize(totals_from(registry.collect(), at=10.0), before)
     assert stats.tiers["redis"].hit_ratio == pytest.approx(2 / 4)
-    assert stats.tiers["redis"].loaded_from_others == 0.0
+    assert stats.tiers["redis"].loaded_from_others == pytest.approx(1 / 3)
     assert stats.tiers["redis"].breaker_open is False
     assert summarize(before, None).tiers["redis"].breaker_open is True
 

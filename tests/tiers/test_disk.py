@@ -142,15 +142,39 @@ def test_bound_and_eviction_give_the_managers_hits(tmp_path, policy):
     assert bytes(payload) == key.rjust(64, b".")
 
 
-def test_a_file_being_read_is_never_evicted(tmp_path):
-    backend = DiskBackend(DiskSettings(tmp_path, bytes_for(2, 64)), namespace(), 64)
-    header = encode_header(namespace().digest, b"w" * 8, memoryview(bytes(64)))
-    payloads = [memoryview(bytes(64))] * 2
-    assert backend.write(KEYS[:2], [header] * 2, payloads) == [True, True]
-    backend._index.prepare_load([KEYS[0]])  # as read_into pins it, while it reads
-    assert backend.write(KEYS[2:4], [header] * 2, payloads) == [False, False]
-    assert backend.write(KEYS[2:3], [header], payloads[:1]) == [True]
-    assert backend.exists(KEYS[:3]) == [True, False, True]
+def test_a_file_being_read_is_never_evicted(tmp_path, monkeypatch):
+    """A store needing room while a read is under way evicts another file, even the more recent
+    one: read_into pins what it reads until it has read it."""
+    backend = DiskBackend(DiskSettings(tmp_path, bytes_for(2, 64), stripes=1), namespace(), 64)
+    rows = np.random.default_rng(0).integers(0, 256, (3, 64), dtype=np.uint8)
+    headers = [
+        encode_header(namespace().digest, b"w" * 8, memoryview(row), key)
+        for key, row in zip(KEYS, rows)
+    ]
+    assert backend.write(KEYS[:2], headers[:2], [memoryview(r) for r in rows[:2]]) == [True] * 2
+    reading, release = threading.Event(), threading.Event()
+    read_file = DiskBackend._read_file
+
+    def held_read(self, key, payload):
+        reading.set()
+        release.wait(10)
+        return read_file(self, key, payload)
+
+    monkeypatch.setattr(DiskBackend, "_read_file", held_read)
+    out, answers = memoryview(bytearray(64)), []
+    reader = threading.Thread(
+        target=lambda: answers.append(backend.read_into(KEYS[:1], [out], HEADER_BYTES))
+    )
+    reader.start()
+    try:
+        assert reading.wait(10)
+        backend.touch(KEYS[1:2])  # KEYS[0] is now the least recent, what a store would evict
+        assert backend.write(KEYS[2:3], headers[2:], [memoryview(rows[2])]) == [True]
+        assert backend.exists(KEYS[:3]) == [True, False, True]
+    finally:
+        release.set()
+        reader.join(10)
+    assert answers[0][0] is not None and bytes(out) == rows[0].tobytes()
 
 
 @pytest.mark.parametrize(
