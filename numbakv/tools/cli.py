@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -114,6 +116,27 @@ def runs_kept(results: list, requests: int) -> Iterator[None]:
         raise Interrupted(results + cut_short.results, requests) from None
     except KeyboardInterrupt:  # between two runs
         raise Interrupted(results, requests) from None
+
+
+@contextmanager
+def interrupts_between_requests() -> Iterator[Callable[[], bool]]:
+    """Meanwhile Ctrl-C is only noted, and the function yielded says whether it came: the loop
+    of requests stops before its next one, so partial figures count whole requests. Raised where
+    it lands, Ctrl-C could land in a weakref callback or a finalizer, where Python prints a
+    traceback and drops it. Off the main thread, which receives no signal, or where Ctrl-C is
+    ignored, nothing changes."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        yield lambda: False
+        return
+    noted = threading.Event()
+    before = signal.signal(signal.SIGINT, lambda *_: noted.set())
+    try:
+        yield noted.is_set
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def interrupted(prog: str, what: str) -> int:

@@ -1,6 +1,8 @@
 """The replay: its semantics, the shipped trace's figures, and the CLI's outputs."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -52,6 +54,28 @@ def test_ctrl_c_carries_the_runs_so_far(monkeypatch):
     first, cut = info.value.results
     assert (first.capacity, first.requests, first.references) == (10, 100, 100)
     assert (cut.capacity, cut.requests, cut.references) == (20, 49, 49)
+
+
+def test_ctrl_c_halfway_through_a_request_stops_after_it(monkeypatch):
+    """The signal comes between a request's lookup and its store: the request ends, and the
+    partial run counts whole requests (before, its lookup counted and the request did not)."""
+    calls = 0
+
+    def ctrl_c_inside_the_sixth(manager, chain):
+        nonlocal calls
+        calls += 1
+        hits = manager.lookup(chain)
+        if calls == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        plan = manager.prepare_store(chain[hits:])
+        manager.complete_store(plan.block_hashes_to_store)
+        return hits, len(plan.block_hashes_to_store)
+
+    monkeypatch.setattr(numbakv.tools.replay.core, "replay_request", ctrl_c_inside_the_sixth)
+    with pytest.raises(Interrupted) as info:
+        replay([[block, block + 1] for block in range(10)], "lru", 50)
+    (cut,) = info.value.results
+    assert (cut.requests, cut.references) == (6, 12)
 
 
 def test_cli_json_is_the_whole_stdout(small_trace, capsys):

@@ -32,7 +32,7 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.offloader import KVOffloader
 from numbakv.simulator import simulate_without_gpu
 from numbakv.tiers import Namespace, TierOpenError
-from numbakv.tools.cli import Interrupted
+from numbakv.tools.cli import Interrupted, interrupts_between_requests
 from numbakv.tools.demo.tier import open_tier
 from numbakv.tools.progress import track
 from numbakv.tools.traces import TraceError, read_hash_chains
@@ -323,9 +323,14 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     engine = StandInEngine(config, kv_arrays or build_kv_cache(config), report)
     started = time.perf_counter()
     try:
-        for chain in track(chains, "serving", len(chains), "req", progress):
-            engine.serve(chain)
-        engine.close()
+        with interrupts_between_requests() as interrupted:
+            for chain in track(chains, "serving", len(chains), "req", progress):
+                if interrupted():
+                    raise KeyboardInterrupt
+                engine.serve(chain)
+            engine.close()
+            if interrupted():
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         report.seconds = time.perf_counter() - started
         engine.count_tier()

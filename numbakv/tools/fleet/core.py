@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from numbakv.cascade import DEMOTE, Tiering, check_tiering, sent_down
 from numbakv.manager import CPUOffloadingManager
-from numbakv.tools.cli import Interrupted, runs_kept
+from numbakv.tools.cli import Interrupted, interrupts_between_requests, runs_kept
 from numbakv.tools.fleet.routing import SESSION, route
 from numbakv.tools.progress import Progress
 from numbakv.tools.replay.core import replay_request
@@ -273,11 +273,14 @@ def _replay_one(
 ) -> FleetResult:
     started = time.perf_counter()
     try:
-        for engine_number, chain in zip(engines, chains):
-            served = fleet.serve(engine_number, chain)
-            if hits is not None:
-                hits.append(served)
-            meter.update()
+        with interrupts_between_requests() as interrupted:
+            for engine_number, chain in zip(engines, chains):
+                if interrupted():
+                    raise KeyboardInterrupt
+                served = fleet.serve(engine_number, chain)
+                if hits is not None:
+                    hits.append(served)
+                meter.update()
     except KeyboardInterrupt:
         partial = fleet.result(time.perf_counter() - started)
         raise Interrupted([partial], len(chains)) from None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from numbakv.manager import CPUOffloadingManager
-from numbakv.tools.cli import Interrupted, runs_kept
+from numbakv.tools.cli import Interrupted, interrupts_between_requests, runs_kept
 from numbakv.tools.progress import Progress
 from numbakv.tools.replay.belady import BELADY, belady_hits
 
@@ -116,13 +116,16 @@ def _replay(
     requests = block_operations = 0
     started = time.perf_counter()
     try:
-        for chain in chains:
-            hits, stored = replay_request(manager, chain)
-            if hits_per_request is not None:
-                hits_per_request.append(hits)
-            block_operations += 3 * len(chain) + hits + stored
-            requests += 1
-            meter.update()
+        with interrupts_between_requests() as interrupted:
+            for chain in chains:
+                if interrupted():
+                    raise KeyboardInterrupt
+                hits, stored = replay_request(manager, chain)
+                if hits_per_request is not None:
+                    hits_per_request.append(hits)
+                block_operations += 3 * len(chain) + hits + stored
+                requests += 1
+                meter.update()
     except KeyboardInterrupt:
         partial = _manager_result(manager, policy, capacity, requests, block_operations, started)
         raise Interrupted([partial], len(chains)) from None
