@@ -14,6 +14,8 @@ until its demotion lands.
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +41,9 @@ _PROMOTE = "promote"  # the tier job kinds besides the two tierings
 _FLUSH = "flush"
 MAX_TIER_LOOKUPS = 4096
 """Tier lookups kept under way at once; past it the oldest is forgotten (its request asks anew)."""
+ANSWER_KEPT_S = 1.0
+"""How long past its deadline a tier lookup's answer waits for its request to come back (an
+engine asks again within a step or two); older, the tier is asked anew, as it may hold more."""
 FLUSH_BATCH_BLOCKS = 64
 """Blocks a flush hands the tier in one job: several jobs keep the tier's I/O threads busy."""
 
@@ -118,8 +123,11 @@ class Cascade:
         self._after_demotion: dict[int, Callable[[], None]] = {}  # what waits for its rows
         self._promoting: set[BlockHash] = set()
         self._demoting: set[BlockHash] = set()  # evicted, on their way down: ask again soon
-        # Tier lookups under way, by a request's first host miss: the lookup, the hashes asked.
-        self._lookups: dict[BlockHash, tuple[TierLookup, list]] = {}
+        # Tier lookups under way, by a request's first host miss: the lookup, the hashes asked,
+        # and until when (time.monotonic()) its answer stands.
+        self._lookups: dict[BlockHash, tuple[TierLookup, list, float]] = {}
+        # Blocks whose promotion failed (an unanswered read): the next lookup misses them.
+        self._failed_promotions: OrderedDict[BlockHash, None] = OrderedDict()
         # By host slot: the hash last put there, and whether the tier holds that block too
         # (promoted, written through or flushed), so evicting or flushing it copies nothing down.
         self._slot_hashes = np.empty(manager.num_blocks, dtype=object)
@@ -146,6 +154,9 @@ class Cascade:
         host_hits, missed = block_hashes[:hits], block_hashes[hits:]
         if missed[0] in self._promoting:
             return None
+        if missed[0] in self._failed_promotions:  # its promotion failed: a miss, this once
+            del self._failed_promotions[missed[0]]
+            return hits
         if self.manager.is_being_stored(missed[0]):
             return hits  # the engine is storing it: it still has it
         room = self.manager.room(spared=host_hits)
@@ -194,13 +205,14 @@ class Cascade:
         if missed[0] in self._demoting:
             return None  # in neither host memory nor the tier until its demotion lands
         asked = self._lookups.pop(missed[0], None)
-        if asked is None:
+        if asked is None or time.monotonic() > asked[2]:
             if len(self._lookups) >= MAX_TIER_LOOKUPS:
                 del self._lookups[next(iter(self._lookups))]
             lookup = self.tier.lookup([tier_key(block_hash) for block_hash in missed])
-            self._lookups[missed[0]] = (lookup, missed)
+            stands_until = time.monotonic() + self.tier.lookup_deadline_s + ANSWER_KEPT_S
+            self._lookups[missed[0]] = (lookup, missed, stands_until)
             return None
-        lookup, asked_hashes = asked
+        lookup, asked_hashes, _ = asked
         answer = lookup.answer()
         if answer is None:
             self._lookups[missed[0]] = asked
@@ -279,6 +291,9 @@ class Cascade:
         elif kind == _PROMOTE:  # a failed promotion is a miss, never wrong bytes
             lost = [h for h, ok in zip(block_hashes, moved.tolist()) if not ok]
             self.manager.complete_store(lost, success=False)
+            self._failed_promotions.update(dict.fromkeys(lost))
+            while len(self._failed_promotions) > MAX_TIER_LOOKUPS:
+                self._failed_promotions.popitem(last=False)
             self.manager.complete_store(block_hashes, success=True)
             self._promoting.difference_update(block_hashes)
 
@@ -291,7 +306,7 @@ class Cascade:
 
     def answer_lookups(self) -> None:
         """Wait for the lookups under way, each at most its deadline."""
-        for lookup, _ in self._lookups.values():
+        for lookup, _, _ in self._lookups.values():
             lookup.answer(wait=True)
 
     def flush(self) -> TierFlush:
