@@ -159,7 +159,11 @@ class Cascade:
             return hits
         if self.manager.is_being_stored(missed[0]):
             return hits  # the engine is storing it: it still has it
-        room = self.manager.room(spared=host_hits)
+        room = self.manager.room()  # free and idle slots, in O(1)
+        if room > len(host_hits):  # at least this many beside the hits, however many are idle
+            room -= len(host_hits)
+        else:  # the hits may be all that is idle: count them (a pass over the hits)
+            room = self.manager.room(spared=host_hits)
         if room < 1:
             return hits  # the tier is not even asked
         held = self._held_below(missed)
@@ -234,6 +238,8 @@ class Cascade:
         below = self._below[rows]  # read before the new blocks take the victims' slots
         slots = plan.store_spec.block_ids
         self._slot_hashes[slots] = plan.block_hashes_to_store
+        for block_hash in plan.block_hashes_to_store:  # in host memory anew: found there
+            self._failed_promotions.pop(block_hash, None)
         self._below[slots] = False
         evicted = sent_down(self.tiering, (), plan.block_hashes_evicted)
         if not evicted or below.all():
@@ -338,3 +344,4 @@ class Cascade:
     def forget(self) -> None:
         """Host memory was reset: the tier holds none of its (new) blocks."""
         self._below[:] = False
+        self._failed_promotions.clear()

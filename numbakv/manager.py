@@ -394,7 +394,7 @@ class CPUOffloadingManager:
                     ready[block_hash] = block_id
         except TypeError as error:
             raise _hash_error("prepare_store", hashes, error) from None
-        kept = dict(ready)
+        kept = dict(ready) if spared else ready
         try:
             for block_hash in spared:
                 block_id = get(block_hash)

@@ -83,7 +83,10 @@ class Staging:
     def positions(self, out: np.ndarray) -> None:
         """Write each of a job's pairs' places in the buffer (what the kernels take as its host
         block id: pair i goes to place i mod `capacity`) into `out`, one per pair."""
-        np.remainder(self._pair_indexes[: len(out)], self.capacity, out=out)
+        if len(out) <= self.capacity:  # one round: the places in order
+            out[:] = self._pair_indexes[: len(out)]
+        else:
+            np.remainder(self._pair_indexes[: len(out)], self.capacity, out=out)
 
     def queue(
         self, launch: Launcher, grid: int, host_ids: np.ndarray, count: int, segments: tuple

@@ -120,23 +120,32 @@ def runs_kept(results: list, requests: int) -> Iterator[None]:
 
 @contextmanager
 def interrupts_between_requests() -> Iterator[Callable[[], bool]]:
-    """Meanwhile Ctrl-C is only noted, and the function yielded says whether it came: the loop
-    of requests stops before its next one, so partial figures count whole requests. Raised where
-    it lands, Ctrl-C could land in a weakref callback or a finalizer, where Python prints a
-    traceback and drops it. Off the main thread, which receives no signal, or where Ctrl-C is
-    ignored, nothing changes."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    """Meanwhile a first Ctrl-C is only noted, and the function yielded says whether it came: the
+    loop of requests stops before its next one, so partial figures count whole requests (after
+    the last one, leaving raises KeyboardInterrupt). Raised where it lands, Ctrl-C could land in a
+    weakref callback or a finalizer, where Python prints a traceback and drops it. A second one is
+    raised where it lands, as before, to stop a request that takes too long. Off the main thread,
+    which receives no signal, or where Ctrl-C is ignored, nothing changes."""
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or before in (
+        signal.SIG_IGN,
+        None,  # a handler set outside Python: left alone
     ):
         yield lambda: False
         return
     noted = threading.Event()
-    before = signal.signal(signal.SIGINT, lambda *_: noted.set())
+
+    def note(*_: Any) -> None:
+        noted.set()
+        signal.signal(signal.SIGINT, before)
+
+    signal.signal(signal.SIGINT, note)
     try:
         yield noted.is_set
     finally:
         signal.signal(signal.SIGINT, before)
+    if noted.is_set():
+        raise KeyboardInterrupt
 
 
 def interrupted(prog: str, what: str) -> int:

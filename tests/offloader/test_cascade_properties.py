@@ -412,3 +412,26 @@ def test_an_answer_its_request_left_is_asked_again_once_past_its_time(monkeypatc
         assert rig.settled_lookup([b"a"]) == 1
     finally:
         rig.tier.close()
+
+
+def test_a_failed_promotions_miss_is_forgotten_once_the_block_is_stored_anew():
+    """Both reads of a two-block promotion go unanswered: the next lookup misses a, and the
+    engine computes and stores a and b. b, later demoted, is then found in the tier; before, its
+    failed promotion still made that lookup a miss without asking."""
+    backend = FaultyBackend()
+    rig = Rig(backend=backend)
+    offloader = rig.offloader
+    try:
+        offloader.wait(offloader.store([b"a", b"b", b"c", b"d"], [0, 1, 2, 3]))
+        offloader.wait(offloader.store([b"e", b"f"], [4, 5]))  # a and b are demoted
+        offloader.drain()
+        backend.unanswered.update(backend.values)
+        assert rig.settled_lookup([b"a", b"b"]) == 0
+        offloader.wait(offloader.store([b"a", b"b"], [0, 1]))  # computed, stored anew
+        offloader.drain()
+        offloader.wait(offloader.store([b"g", b"h", b"c", b"d"], [2, 3, 4, 5]))  # b demoted
+        offloader.drain()
+        assert offloader.lookup([b"b"]) is None  # the tier is asked
+        assert rig.settled_lookup([b"b"]) == 1
+    finally:
+        rig.tier.close()

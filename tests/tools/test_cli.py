@@ -17,7 +17,7 @@ from numbakv.dashboards import generate
 
 import numbakv.tools.demo.core
 import numbakv.tools.replay.core
-from numbakv.tools.cli import Interrupted
+from numbakv.tools.cli import Interrupted, interrupts_between_requests
 from numbakv.tools.demo import command as demo
 from numbakv.tools.demo.core import DemoConfig, StandInEngine, run, run_engines
 from numbakv.tools.progress import Progress
@@ -309,6 +309,19 @@ def test_ctrl_c_landing_in_a_weakref_callback_still_stops_the_demo(monkeypatch, 
         run(DemoConfig(requests=8, sessions=2))
     assert [report.requests for report in cut_short.value.results] == [3]
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_second_ctrl_c_is_raised_where_it_lands():
+    """The first Ctrl-C waits for the request under way; a second one, for a request that takes
+    too long, interrupts it as Ctrl-C always did. The handler before is put back."""
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), interrupts_between_requests() as interrupted:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupted()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))  # the handler runs here at the latest
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_progress_off_a_terminal_is_a_plain_line_every_interval(tmp_path):

@@ -78,6 +78,24 @@ def test_ctrl_c_halfway_through_a_request_stops_after_it(monkeypatch):
     assert (cut.requests, cut.references) == (6, 12)
 
 
+def test_ctrl_c_in_a_runs_last_request_stops_the_grid(monkeypatch):
+    """Noted during the last request, Ctrl-C still ends the run as interrupted: the grid does
+    not go on to its next run."""
+    calls = 0
+
+    def ctrl_c_inside_the_last(manager, chain):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return replay_request(manager, chain)
+
+    monkeypatch.setattr(numbakv.tools.replay.core, "replay_request", ctrl_c_inside_the_last)
+    with pytest.raises(Interrupted) as info:
+        replay_grid([[1, 2, 3], [1, 2, 4], [5, 6]], ["lru"], [4, 8])
+    assert calls == 3 and [run.requests for run in info.value.results] == [3]
+
+
 def test_cli_json_is_the_whole_stdout(small_trace, capsys):
     assert main([str(small_trace), "--capacity", "100", "--json"]) == 0
     out, err = capsys.readouterr()

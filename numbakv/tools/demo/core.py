@@ -329,8 +329,6 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
                     raise KeyboardInterrupt
                 engine.serve(chain)
             engine.close()
-            if interrupted():
-                raise KeyboardInterrupt
     except KeyboardInterrupt:
         report.seconds = time.perf_counter() - started
         engine.count_tier()
