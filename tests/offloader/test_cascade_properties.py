@@ -37,7 +37,7 @@ from numbakv.datapath import HostPool, TransferEngine
 from numbakv.offloader import KVOffloader
 from numbakv.tiers import BackendUnavailable, ChunkTier
 from tests.offloader.test_tier import Rig
-from tests.support.datapath_cases import make_cache
+from tests.support.datapath_cases import EngineInFront, make_cache
 from tests.support.tiers import DictBackend, namespace
 
 HOST_BLOCKS = 4
@@ -80,31 +80,15 @@ class FaultyBackend(DictBackend):
         return found
 
 
-class HeldTransfers:
+class HeldTransfers(EngineInFront):
     """A real transfer engine whose jobs stay in flight until `wait`ed for (the offloader's `wait`,
     `drain`, `reset` and `flush_to_tier` do), as on a GPU where a job lands well after its submit:
     a load's pins are held across the engine's later calls and polls."""
 
     def __init__(self, engine: TransferEngine) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.held: dict = {}
         self.released: set = set()
-
-    num_host_blocks = property(lambda self: self.engine.num_host_blocks)
-    host_pool = property(lambda self: self.engine.host_pool)
-    layout = property(lambda self: self.engine.layout)
-
-    def check_gpu_ids(self, direction, gpu_block_ids):
-        return self.engine.check_gpu_ids(direction, gpu_block_ids)
-
-    def check_wait_event(self, wait_event):
-        self.engine.check_wait_event(wait_event)
-
-    def completion_event(self, job_id):
-        return self.engine.completion_event(job_id)
-
-    def enqueue(self, *args, **options):
-        self.engine.enqueue(*args, **options)
 
     def get_finished(self):
         self.held.update((job.job_id, job) for job in self.engine.get_finished())

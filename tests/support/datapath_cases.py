@@ -98,3 +98,29 @@ def small_engine(cache: KVCache, path, num_host_blocks: int, staging_blocks: int
         **options,
     )
     return engine, pool
+
+
+class EngineInFront:
+    """What the offloader needs of an engine that a fake leaves to the real one."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    num_host_blocks = property(lambda self: self.engine.num_host_blocks)
+    host_pool = property(lambda self: self.engine.host_pool)
+    layout = property(lambda self: self.engine.layout)
+
+    def check_gpu_ids(self, direction, gpu_block_ids):
+        return self.engine.check_gpu_ids(direction, gpu_block_ids)
+
+    def check_wait_event(self, wait_event):
+        self.engine.check_wait_event(wait_event)
+
+    def completion_event(self, job_id):
+        return self.engine.completion_event(job_id)
+
+    def enqueue(self, *args, **options):
+        self.engine.enqueue(*args, **options)
+
+    def wait(self, job_id):
+        return self.engine.wait(job_id)

@@ -319,15 +319,24 @@ def test_a_server_that_trickles_its_replies_fails_the_batch_within_its_timeout(s
     writer.close()
 
 
+def stored_in_cluster(nodes, name: bytes, count: int, seed: int, **reader_settings):
+    """`count` chunks (`name` and a number) stored by a writer through the cluster's first node,
+    and a reader of the same cluster. Its lookups get a second: finding the keys around a node
+    killed, paused or moved is the subject of these tests, not the deadline (the paused-server
+    tests hold that), and a client meeting a dead node may take past 5 ms."""
+    url = f"redis://127.0.0.1:{nodes[0].port}/0"
+    keys = [name + b"%d" % i for i in range(count)]
+    writer = tier(url, pool(count, seed), cluster=True)
+    reader = tier(
+        url, pool(count, seed + 1), cluster=True, lookup_deadline_s=1.0, **reader_settings
+    )
+    assert run(writer, writer.submit_store, 1, keys, range(count)).success
+    return keys, writer, reader
+
+
 def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
     with redis_cluster(str(tmp_path)) as nodes:
-        url = f"redis://127.0.0.1:{nodes[0].port}/0"
-        keys = [b"c%d" % i for i in range(32)]
-        writer = tier(url, pool(32, 13), cluster=True)
-        # Finding the live nodes' keys after a kill is the subject here, not the deadline (the
-        # paused-server tests hold that): a client meeting the dead node may take past 5 ms.
-        reader = tier(url, pool(32, 14), cluster=True, lookup_deadline_s=1.0)
-        assert run(writer, writer.submit_store, 1, keys, range(32)).success
+        keys, writer, reader = stored_in_cluster(nodes, b"c", 32, 13)
         per_node = [int(node.cli("DBSIZE")) for node in nodes]
         assert sum(per_node) == 32 and min(per_node) > 0
         assert run(reader, reader.submit_load, 2, keys, range(32)).success
@@ -346,11 +355,7 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
 
 def test_a_node_that_misses_one_load_serves_the_next(tmp_path):
     with redis_cluster(str(tmp_path)) as nodes:
-        url = f"redis://127.0.0.1:{nodes[0].port}/0"
-        keys = [b"p%d" % i for i in range(32)]
-        writer = tier(url, pool(32, 16), cluster=True)
-        reader = tier(url, pool(32, 17), cluster=True, lookup_deadline_s=1.0, socket_timeout_s=0.3)
-        assert run(writer, writer.submit_store, 1, keys, range(32)).success
+        keys, writer, reader = stored_in_cluster(nodes, b"p", 32, 16, socket_timeout_s=0.3)
         nodes[2].cli("CLIENT", "PAUSE", "1200", "ALL")
         job = run(reader, reader.submit_load, 2, keys, range(32))
         assert 0 < len(job.failed_keys) < 32  # the paused node's keys: not answered, not absent
@@ -364,11 +369,7 @@ def test_a_slot_moved_to_another_node_is_found_there_after_one_lookup(tmp_path):
     """Resharding moves a slot: the lookup that meets the MOVED reply misses those keys and asks
     the cluster where slots are now; the next finds every key, and loads them byte-exact."""
     with redis_cluster(str(tmp_path)) as nodes:
-        url = f"redis://127.0.0.1:{nodes[0].port}/0"
-        keys = [b"m%d" % i for i in range(16)]
-        writer = tier(url, pool(16, 18), cluster=True)
-        reader = tier(url, pool(16, 19), cluster=True, lookup_deadline_s=1.0)
-        assert run(writer, writer.submit_store, 1, keys, range(16)).success
+        keys, writer, reader = stored_in_cluster(nodes, b"m", 16, 18)
         assert reader.contains(keys) == [True] * 16
         slot = key_slot(raw_key(writer, keys[0]))
         clients = [redis.Redis(port=node.port) for node in nodes]
