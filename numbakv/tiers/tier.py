@@ -391,14 +391,16 @@ class ChunkTier:
         self, work, direction: Direction, job_id: Hashable, keys: list[bytes], rows: np.ndarray
     ) -> None:
         """Run a job and report it, whatever goes wrong: its caller waits for the report. `work`
-        returns the keys that failed; an error fails them all."""
+        returns the keys that failed; an error fails them all (one that is no Exception, as a
+        cancelled client's, is raised again once the job is reported)."""
         start = time.perf_counter()
+        failed = tuple(keys)
         try:
             failed = work(keys, rows)
         except Exception:
             logger.exception("numbakv tier: %s job %r failed", direction.value, job_id)
-            failed = tuple(keys)
-        self._report(job_id, direction, keys, failed, start)
+        finally:
+            self._report(job_id, direction, keys, failed, start)
 
     def _call(self, method, *args):
         """Call the backend through the breaker; BackendUnavailable when it is open or the store

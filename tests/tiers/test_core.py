@@ -307,16 +307,22 @@ def test_bad_tier_settings_are_refused(pool, options, named):
         tier_over(DictBackend(), pool, **options)
 
 
-def test_a_backend_error_fails_the_job_instead_of_losing_it():
+class Cancelled(BaseException):
+    """As gevent's Timeout or asyncio's CancelledError: not an Exception."""
+
+
+@pytest.mark.parametrize("error", [OSError("disk on fire"), Cancelled("read cancelled")])
+def test_a_backend_error_fails_the_job_instead_of_losing_it(error):
     class Broken(DictBackend):
         def read_into(self, keys, payloads, header_bytes):
-            raise OSError("disk on fire")
+            raise error
 
     tier = tier_over(Broken())
     tier.submit_store(1, KEYS[:1], [0])
     tier.submit_load(2, KEYS[:1], [1])
     jobs = finished(tier)
     assert jobs[1].success and not jobs[2].success and jobs[2].failed_keys == (KEYS[0],)
+    tier.submit_load(2, KEYS[:1], [1])  # its id is free again
 
 
 def test_touch_reaches_the_backend_checked_and_a_backend_may_ignore_it():
