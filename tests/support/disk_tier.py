@@ -9,7 +9,7 @@ import numpy as np
 
 from numbakv.tiers import ChunkTier, Namespace
 from numbakv.tiers.disk import ALIGNMENT, DiskBackend, DiskSettings
-from tests.support.tiers import namespace
+from tests.support.tiers import TEST_LOOKUP_DEADLINE_S, namespace
 
 CHUNK_BYTES = 8192
 FILE_BYTES = ALIGNMENT + CHUNK_BYTES
@@ -36,4 +36,4 @@ def disk_tier(root, pool, files: int = 64, ns: Namespace | None = None, **option
     backend = DiskBackend(
         DiskSettings(root, bytes_for(files, pool.shape[1]), **options), ns, pool.shape[1]
     )
-    return ChunkTier(backend, pool, ns)
+    return ChunkTier(backend, pool, ns, lookup_deadline_s=TEST_LOOKUP_DEADLINE_S)

@@ -95,8 +95,15 @@ def random_pool(rows: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (rows, CHUNK_BYTES), dtype=np.uint8)
 
 
+TEST_LOOKUP_DEADLINE_S = 1.0
+"""The tests' tiers' lookup deadline, unless a test sets its own: the 5 ms default is the
+deadline's subject only where a test sets it, and a busy 2-core machine can miss it (a late
+lookup is misses)."""
+
+
 def tier_over(backend, pool=None, **options) -> ChunkTier:
     pool = random_pool(8, 0) if pool is None else pool
+    options.setdefault("lookup_deadline_s", TEST_LOOKUP_DEADLINE_S)
     return ChunkTier(backend, pool, namespace(), **options)
 
 

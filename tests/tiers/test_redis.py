@@ -31,7 +31,7 @@ from tests.support.redis_servers import (
     redis_tls_server,
     slow_link,
 )
-from tests.support.tiers import namespace
+from tests.support.tiers import TEST_LOOKUP_DEADLINE_S, namespace
 
 pytestmark = needs_redis
 
@@ -49,6 +49,7 @@ def tier(url: str, host_pool: np.ndarray, ns=None, **settings) -> ChunkTier:
         for name in ("lookup_deadline_s", "breaker_cooldown_s")
         if name in settings
     }
+    tier_options.setdefault("lookup_deadline_s", TEST_LOOKUP_DEADLINE_S)
     ns = namespace() if ns is None else ns
     backend = RedisBackend(RedisSettings(url=url, **settings), ns.digest)
     return ChunkTier(backend, host_pool, ns, **tier_options)
