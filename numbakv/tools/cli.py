@@ -119,21 +119,26 @@ def runs_kept(results: list, requests: int) -> Iterator[None]:
 
 
 @contextmanager
-def interrupts_between_requests() -> Iterator[Callable[[], bool]]:
-    """Meanwhile a first Ctrl-C is only noted, and the function yielded says whether it came: the
-    loop of requests stops before its next one, so partial figures count whole requests (after
-    the last one, leaving raises KeyboardInterrupt). Raised where it lands, Ctrl-C could land in a
-    weakref callback or a finalizer, where Python prints a traceback and drops it. A second one is
-    raised where it lands, as before, to stop a request that takes too long. Off the main thread,
-    which receives no signal, or where Ctrl-C is ignored, nothing changes."""
+def interrupts_between_requests() -> Iterator[Callable[[], None]]:
+    """Meanwhile a first Ctrl-C is only noted, and the function yielded, called before each
+    request, raises it (KeyboardInterrupt): the loop of requests stops before its next one, so
+    partial figures count whole requests (after the last one, leaving raises it). Raised where it
+    lands, Ctrl-C could land in a weakref callback or a finalizer, where Python prints a traceback
+    and drops it. A second one is raised where it lands, as before, to stop a request that takes
+    too long. Off the main thread, which receives no signal, or where Ctrl-C is ignored, nothing
+    changes."""
     before = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or before in (
         signal.SIG_IGN,
         None,  # a handler set outside Python: left alone
     ):
-        yield lambda: False
+        yield lambda: None
         return
     noted = threading.Event()
+
+    def stop_if_noted() -> None:
+        if noted.is_set():
+            raise KeyboardInterrupt
 
     def note(*_: Any) -> None:
         noted.set()
@@ -141,11 +146,10 @@ def interrupts_between_requests() -> Iterator[Callable[[], bool]]:
 
     signal.signal(signal.SIGINT, note)
     try:
-        yield noted.is_set
+        yield stop_if_noted
     finally:
         signal.signal(signal.SIGINT, before)
-    if noted.is_set():
-        raise KeyboardInterrupt
+    stop_if_noted()
 
 
 def interrupted(prog: str, what: str) -> int:

@@ -323,10 +323,9 @@ def run(config: DemoConfig, kv_arrays: list | None = None, progress: bool = Fals
     engine = StandInEngine(config, kv_arrays or build_kv_cache(config), report)
     started = time.perf_counter()
     try:
-        with interrupts_between_requests() as interrupted:
+        with interrupts_between_requests() as stop_if_interrupted:
             for chain in track(chains, "serving", len(chains), "req", progress):
-                if interrupted():
-                    raise KeyboardInterrupt
+                stop_if_interrupted()
                 engine.serve(chain)
             engine.close()
     except KeyboardInterrupt:

@@ -273,10 +273,9 @@ def _replay_one(
 ) -> FleetResult:
     started = time.perf_counter()
     try:
-        with interrupts_between_requests() as interrupted:
+        with interrupts_between_requests() as stop_if_interrupted:
             for engine_number, chain in zip(engines, chains):
-                if interrupted():
-                    raise KeyboardInterrupt
+                stop_if_interrupted()
                 served = fleet.serve(engine_number, chain)
                 if hits is not None:
                     hits.append(served)

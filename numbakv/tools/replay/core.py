@@ -116,10 +116,9 @@ def _replay(
     requests = block_operations = 0
     started = time.perf_counter()
     try:
-        with interrupts_between_requests() as interrupted:
+        with interrupts_between_requests() as stop_if_interrupted:
             for chain in chains:
-                if interrupted():
-                    raise KeyboardInterrupt
+                stop_if_interrupted()
                 hits, stored = replay_request(manager, chain)
                 if hits_per_request is not None:
                     hits_per_request.append(hits)
