@@ -12,14 +12,19 @@ from typing import Any
 
 import numpy as np
 
+_BOOL_TYPES = frozenset((bool, np.bool_))
+
 
 def as_ids(name: str, ids: Any) -> np.ndarray:
-    """`ids` as a 1-D int64 array: integer NumPy arrays as they are, lists converted once."""
+    """`ids` as a 1-D int64 array: integer NumPy arrays as they are, lists converted once (a bool
+    among the ints is refused, as a bool array is: NumPy would read True as id 1)."""
     if not isinstance(ids, np.ndarray):
         if not isinstance(ids, (list, tuple)):
             raise TypeError(
                 f"{name} must be an integer NumPy array or a list of ints, got {type(ids).__name__}"
             )
+        if not _BOOL_TYPES.isdisjoint(map(type, ids)):
+            raise TypeError(f"{name} must hold integers, got a bool among them")
         ids = np.asarray(ids) if len(ids) else np.empty(0, dtype=np.int64)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers (int64 or int32), got dtype {ids.dtype}")

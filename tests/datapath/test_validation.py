@@ -93,6 +93,14 @@ BAD_SUBMITS = [
         id="bool-ids",
     ),
     pytest.param(
+        "store",
+        [0, 1],
+        [2, True],
+        TypeError,
+        "host_block_ids must hold integers, got a bool",
+        id="bool-among-int-ids",
+    ),
+    pytest.param(
         "store", np.array([[0, 1]]), [0, 1], ValueError, "gpu_block_ids must be 1-D", id="2d-ids"
     ),
     pytest.param(
