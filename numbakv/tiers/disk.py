@@ -172,7 +172,11 @@ class DiskBackend(ChunkBackend):
                 raise ValueError(
                     f"payloads must be chunk_bytes ({self.chunk_bytes}) long, got {payload.nbytes}"
                 )
+        on_disk = self._on_disk(keys)
         with self._lock:
+            for key, there in zip(keys, on_disk):
+                if not there and self._index.lookup((key,)):
+                    self._index.remove((key,))  # another process removed its file: write anew
             leaving = {key for key in keys if self._leaving[key]}
             plan = self._index.prepare_store([key for key in keys if key not in leaving])
             if plan is not None:

@@ -370,6 +370,26 @@ def test_two_backends_sharing_a_directory_serve_each_other(tmp_path):
     assert b.backend.used_files() == 2
 
 
+def test_a_store_of_a_file_another_engine_removed_writes_it_anew(tmp_path):
+    """a's index still lists KEYS[0] once b's bound has evicted its file: a's next store of it
+    writes the file (before, it answered success and wrote nothing, and the chunk was lost)."""
+    pool_a, pool_b = aligned_pool(4, 16), aligned_pool(4, 17)
+    a = disk_tier(tmp_path, pool_a, files=2, track_removals=True)
+    b = disk_tier(tmp_path, pool_b, files=2)
+    a.submit_store("s", KEYS[:1], [0])
+    finished(a)
+    assert b.contains(KEYS[:1]) == [True]  # b's index takes a's file in
+    b.submit_store("s", KEYS[1:3], [1, 2])  # b's bound evicts a's file
+    finished(b)
+    assert a.backend.indexed(KEYS[:1]) == [True] and len(chunk_files(a.backend)) == 2
+    a.submit_store("again", KEYS[:1], [0])
+    assert finished(a)["again"].success
+    assert len(chunk_files(a.backend)) == 3 and a.backend.take_removed() == [KEYS[0]]
+    b.submit_load("l", KEYS[:1], [3])
+    assert finished(b)["l"].success
+    np.testing.assert_array_equal(pool_b[3], pool_a[0])
+
+
 def test_clear_removes_the_namespaces_files_another_engine_wrote_too(tmp_path):
     pool_a, pool_b = aligned_pool(4, 13), aligned_pool(4, 14)
     a = disk_tier(tmp_path, pool_a, files=8)
