@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Protocol
 
 import numpy as np
@@ -297,11 +297,14 @@ class ChunkTier:
         self._submit(self._load, Direction.LOAD, job_id, keys, rows)
 
     def take_finished(self) -> list[FinishedJob]:
-        """The jobs finished since the last call."""
+        """The jobs finished since the last call. Never blocks: another thread taking them at the
+        same time gets the others."""
         finished = []
-        while not self._finished.empty():
-            finished.append(self._finished.get())
-        return finished
+        while True:
+            try:
+                finished.append(self._finished.get_nowait())
+            except Empty:
+                return finished
 
     def wait(self, job_id: Hashable) -> None:
         """Wait until the job `job_id` has finished (its result waits in `take_finished`); at once

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from queue import SimpleQueue
 
 import numpy as np
 import pytest
@@ -212,6 +213,30 @@ def test_jobs_reach_the_callback_once():
     tier.drain()
     assert [job.job_id for job in seen] == ["a"]
     assert [job.job_id for job in tier.take_finished()] == ["a"] and tier.take_finished() == []
+
+
+class TakenBetween(SimpleQueue):
+    """A queue whose items another consumer takes right after `empty` answers."""
+
+    def empty(self) -> bool:
+        answer = super().empty()
+        while not super().empty():
+            self.get_nowait()
+        return answer
+
+
+def test_take_finished_never_blocks_on_a_job_another_thread_took():
+    """SGLang takes a tier's finished jobs from its prefetch and its backup threads at once: one
+    must never wait for a job the other took (it waited for the tier's next job, or for good)."""
+    tier = tier_over(DictBackend())
+    tier.submit_store("a", KEYS[:1], [0])
+    tier.drain()
+    tier._finished, taken = TakenBetween(), tier.take_finished()
+    tier._finished.put(taken[0])
+    taker = threading.Thread(target=tier.take_finished, daemon=True)
+    taker.start()
+    taker.join(timeout=5)
+    assert not taker.is_alive()
 
 
 @pytest.mark.parametrize(
