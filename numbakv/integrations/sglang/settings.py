@@ -4,10 +4,12 @@
      "class_name": "NumbaKVHiCacheStorage", "interface_v1": 1,
      "tier": "redis://host:6379/0", "lookup_deadline_s": 0.005}
 
-The first four are SGLang's own. `tier` is the URL `numbakv.tiers.open_tier` opens (`dir:PATH`,
-`redis://`, `rediss://`, `valkey://`, `unix:///PATH`, `?cluster=true`); `staging_bytes` bounds the
-rows a batch is copied through where pages cannot be read in place; every other key is the tier's
-(its query's keys may be given here instead: `bytes_to_use`, `ttl_s`, `lookup_deadline_s`, ...).
+The first four are SGLang's own, as are its prefetch settings (`prefetch_threshold`,
+`prefetch_timeout_base`, `prefetch_timeout_per_ki_token`, `hicache_storage_pass_prefix_keys`).
+`tier` is the URL `numbakv.tiers.open_tier` opens (`dir:PATH`, `redis://`, `rediss://`,
+`valkey://`, `unix:///PATH`, `?cluster=true`); `staging_bytes` bounds the rows a batch is copied
+through where pages cannot be read in place; every other key is the tier's (its query's keys may
+be given here instead: `bytes_to_use`, `ttl_s`, `lookup_deadline_s`, ...).
 """
 
 from __future__ import annotations
@@ -20,8 +22,19 @@ from numbakv.checks import positive
 from numbakv.tiers import parse_tier_url, tier_config
 from numbakv.tiers.registry import DISK
 
-SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
-"""The keys SGLang reads itself (`interface_v1`: 1 for the zero-copy `batch_get_v1`/`batch_set_v1`)."""
+SGLANG_KEYS = (
+    "backend_name",
+    "module_path",
+    "class_name",
+    "interface_v1",
+    "prefetch_threshold",
+    "prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token",
+    "hicache_storage_pass_prefix_keys",
+)
+"""The keys SGLang reads itself (`interface_v1`: 1 for the zero-copy `batch_get_v1`/`batch_set_v1`).
+SGLang takes its prefetch settings out before it builds a backend, except on a decode server's
+offload path, which passes them on: they are accepted and left to SGLang."""
 OWN_KEYS = ("tier", "staging_bytes")
 DEFAULT_STAGING_BYTES = 64 << 20
 """Bytes of rows per direction that pages are copied through where they cannot be read in place."""

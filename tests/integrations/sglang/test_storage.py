@@ -312,6 +312,23 @@ def test_bad_settings_raise_at_construction_naming_the_key(tmp_path, extra, name
     assert not (tmp_path / "kv").exists()
 
 
+def test_sglangs_own_prefetch_settings_are_left_to_sglang(tmp_path):
+    """A decode server's offload path passes SGLang's prefetch settings on with the backend's."""
+    extra = {
+        "tier": f"dir:{tmp_path}",
+        "bytes_to_use": 1 << 24,
+        "interface_v1": 1,
+        "prefetch_threshold": 256,
+        "prefetch_timeout_base": 1,
+        "prefetch_timeout_per_ki_token": 0.25,
+        "hicache_storage_pass_prefix_keys": True,
+    }
+    pool = host_pool(seed=15)
+    storage = backend(storage_config(extra), pool)
+    assert storage.batch_set_v1(KEYS[:1], page_indices([0], pool.page_size)) == [True]
+    storage.close()
+
+
 def test_split_heads_need_the_zero_copy_path(tmp_path):
     extra = {"tier": f"dir:{tmp_path}", "bytes_to_use": 1 << 20}
     config = storage_config(extra, tp_size=4, tp_lcm_size=8, should_split_heads=True)
