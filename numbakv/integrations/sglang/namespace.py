@@ -41,11 +41,22 @@ def head_shards(config: Any) -> tuple[int, int]:
     return 1, config.tp_size
 
 
-def namespaces_in_fleet(config: Any) -> int:
-    """How many namespaces one model's pages take across its ranks: a head group each (1 for
-    MLA, whose ranks share their pages), per pipeline stage and per context-parallel rank. They
-    share a directory's bound."""
-    return head_shards(config)[1] * config.pp_size * config.attn_cp_size
+def attention_dp_groups() -> int:
+    """How many attention data-parallel groups serve the model (1 without DP attention, or with
+    no server in this process). Each group's ranks open the same namespaces as every other's."""
+    from sglang.srt.runtime_context import get_flags, get_parallel
+
+    try:  # as SGLang's own `is_dp_attention_enabled`, whose module imports the model layers
+        return get_parallel().attn_dp_size if get_flags().dp.enabled else 1
+    except ValueError:  # "config namespace 'parallel' not published": no server here
+        return 1
+
+
+def directory_shares(config: Any) -> int:
+    """How many indexes bound one model's pages in a directory, each its own files: a head group
+    each (1 for MLA, whose ranks share their pages), per pipeline stage, per context-parallel
+    rank and per attention data-parallel group. They share the directory's bound."""
+    return head_shards(config)[1] * config.pp_size * config.attn_cp_size * attention_dp_groups()
 
 
 def page_namespace(config: Any, host_pool: Any, shard: int, chunk_bytes: int) -> Namespace:

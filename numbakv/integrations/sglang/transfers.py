@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from numbakv.integrations.sglang.namespace import head_shards, namespaces_in_fleet, page_namespace
+from numbakv.integrations.sglang.namespace import directory_shares, head_shards, page_namespace
 from numbakv.integrations.sglang.pages import PageMap, page_map
 from numbakv.integrations.sglang.settings import BackendSettings, tier_share
 from numbakv.jobs import Direction, FinishedJob
@@ -94,7 +94,7 @@ class HostPageStore:
         self._load_lock = threading.Lock()
         self._store_lock = threading.Lock()
         self._shards: list[_Shard] = []
-        url, tier_settings = tier_share(settings, namespaces_in_fleet(config))
+        url, tier_settings = tier_share(settings, directory_shares(config))
         try:
             for shard, shard_map in enumerate(maps):
                 rows = (

@@ -29,6 +29,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from sglang.srt.mem_cache.hicache_storage import PoolName
+from sglang.srt.runtime_context import get_flags, get_parallel
 
 from numbakv.integrations.sglang import NumbaKVHiCacheStorage
 from numbakv.integrations.sglang import namespace as sglang_namespace
@@ -193,6 +194,34 @@ def test_the_ranks_of_one_model_keep_the_directory_within_bytes_to_use(tmp_path)
             stored = ranked.batch_set_v1(pages, page_indices([first, first + 1], pool.page_size))
             assert stored == [True, True]
         ranked.close()
+    on_disk = [f for _, _, files in os.walk(tmp_path / "kv") for f in files]
+    assert len(on_disk) == 4
+
+
+def test_attention_dp_groups_keep_the_directory_within_bytes_to_use(tmp_path):
+    """Under DP attention (two groups, set through SGLang's own test overrides), rank 0 of each
+    group opens the same namespace: each keeps half the bound (before, each kept all of it, and
+    the directory twice `bytes_to_use`)."""
+    probe = backend(
+        storage_config({"tier": f"dir:{tmp_path / 'probe'}", "bytes_to_use": 1 << 30}),
+        host_pool("page_first"),
+    )
+    file_bytes = probe.pages._shards[0].tier.backend.file_bytes
+    probe.close()
+    extra = {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": 4 * file_bytes, "interface_v1": 1}
+    pools = [host_pool("page_first", seed=dp_rank) for dp_rank in range(2)]
+    with get_parallel().override(attn_dp_size=2), get_flags().dp.override(enabled=True):
+        groups = [  # both open at once, as a server's groups start
+            backend(storage_config(extra, dp_rank=dp_rank), pool)
+            for dp_rank, pool in enumerate(pools)
+        ]
+    for dp_rank, (group, pool) in enumerate(zip(groups, pools)):
+        for first in (0, 2):  # two pages a batch: the group's share is two files
+            pages = keys(2, first=4 * dp_rank + first)
+            stored = group.batch_set_v1(pages, page_indices([first, first + 1], pool.page_size))
+            assert stored == [True, True]
+    for group in groups:
+        group.close()
     on_disk = [f for _, _, files in os.walk(tmp_path / "kv") for f in files]
     assert len(on_disk) == 4
 
