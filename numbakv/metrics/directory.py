@@ -280,7 +280,10 @@ def _entries(data: bytes, used: int) -> Iterator[tuple[str, float, float]]:
 
 
 _parsed_keys: dict[tuple[str, str], tuple[str, str, tuple[tuple[str, str], ...], str] | str] = {}
-_MAX_PARSED_KEYS = 200_000
+_parsed_key_chars = 0
+_MAX_PARSED_KEY_CHARS = 64 << 20
+"""The most characters of keys kept parsed: a key may be long (a help text, a label value), and
+keys of files long gone would otherwise pile up."""
 
 
 def _parse_key(key: str, typ: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
@@ -288,18 +291,22 @@ def _parse_key(key: str, typ: str) -> tuple[str, str, tuple[tuple[str, str], ...
 
     Parsed once per distinct key and file type (the same keys recur in every read).
     """
+    global _parsed_key_chars
     parsed = _parsed_keys.get((key, typ))
     if parsed is None:
-        if len(_parsed_keys) >= _MAX_PARSED_KEYS:
+        if _parsed_key_chars + len(key) > _MAX_PARSED_KEY_CHARS:
             _parsed_keys.clear()
+            _parsed_key_chars = 0
         parsed = _parsed_keys[(key, typ)] = _check_key(key, typ)
+        _parsed_key_chars += len(key)
     if isinstance(parsed, str):
         raise Unreadable(parsed)
     return parsed
 
 
 def _check_key(key: str, typ: str) -> tuple[str, str, tuple[tuple[str, str], ...], str] | str:
-    """The parsed key, or why it is not one."""
+    """The parsed key, or why it is not one: non-empty names, label names not Prometheus's own,
+    strings that encode as UTF-8."""
     try:
         parts = json.loads(key)
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
@@ -313,6 +320,13 @@ def _check_key(key: str, typ: str) -> tuple[str, str, tuple[tuple[str, str], ...
         return f"the help text of {family} is not a string"
     if not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
         return f"a label value of {family} is not a string"
+    for name in labels:
+        if not name or name.startswith("__"):  # `__` names are Prometheus's own (`__name__`)
+            return f"a label name of {family} is empty or reserved: {name[:80]!r}"
+    try:  # JSON's escapes can name a lone surrogate, which no exposition can write
+        "".join((family, sample, help_text, *labels, *labels.values())).encode("utf-8")
+    except UnicodeEncodeError:
+        return f"a name, label or help text of {family!r} is not valid Unicode"
     if typ == "histogram" and "le" in labels:
         try:
             float(labels["le"])
@@ -365,15 +379,43 @@ def _merge_once(
         parts = [p for p in parts if p[0].kind == kind]
         try:
             merged.append(_merge_family(family, kind, parts, accumulate, render))
-        except Exception:  # noqa: BLE001 (find the file that makes it fail)
-            accepted: list[Part] = []
-            for part in parts:
-                try:
-                    _merge_family(family, kind, [*accepted, part], accumulate, render)
-                    accepted.append(part)
-                except Exception as exc:  # noqa: BLE001
-                    bad[part[0].name] = f"{family} does not merge: {type(exc).__name__}: {exc}"
+        except Exception:  # noqa: BLE001 (find the files that make it fail)
+            bad.update(_failing_parts(family, kind, parts, accumulate, render))
     return merged, bad
+
+
+def _failing_parts(
+    family: str, kind: str, parts: list[Part], accumulate: bool, render: Callable[[Metric], T]
+) -> dict[str, str]:
+    """The files whose part makes a family's merge fail, with why: each whose part fails alone
+    (one pass, however many files), or, where none does, each that fails beside the parts
+    accepted before it."""
+    failing = {}
+    for part in parts:
+        why = _merge_error(family, kind, [part], accumulate, render)
+        if why is not None:
+            failing[part[0].name] = why
+    if failing:
+        return failing
+    accepted: list[Part] = []
+    for part in parts:
+        why = _merge_error(family, kind, [*accepted, part], accumulate, render)
+        if why is None:
+            accepted.append(part)
+        else:
+            failing[part[0].name] = why
+    return failing
+
+
+def _merge_error(
+    family: str, kind: str, parts: list[Part], accumulate: bool, render: Callable[[Metric], T]
+) -> str | None:
+    """Why the family's merge of `parts` fails, or None."""
+    try:
+        _merge_family(family, kind, parts, accumulate, render)
+    except Exception as exc:  # noqa: BLE001
+        return f"{family} does not merge: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _merge_family(

@@ -22,6 +22,7 @@ from numbakv.service.settings import Settings
 from prometheus_client.mmap_dict import MmapedDict
 
 from numbakv.metrics import compaction
+from numbakv.metrics import directory as directory_module
 from numbakv.metrics.directory import (
     DbFile,
     FileData,
@@ -108,12 +109,30 @@ def test_a_malformed_file_is_unreadable_with_a_reason(tmp_path, content, reason)
         (key("jobs", "jobs_total", {}, help_text=7), "help text"),
         (key("jobs", "jobs_total", {"direction": 1}), "label value"),
         (key("", "jobs_total", {}), "non-empty string"),
+        (key("jobs", "jobs_total", {"": "load"}), "empty or reserved: ''"),
+        (key("jobs", "jobs_total", {"__name__": "x"}), "empty or reserved: '__name__'"),
+        (key("jobs", "jobs_total", {"direction": "\ud800"}), "not valid Unicode"),
+        (key("jobs", "jobs_total", {"\ud800": "load"}), "not valid Unicode"),
+        (key("jobs", "jobs_total", {}, help_text="\udfff"), "not valid Unicode"),
     ],
 )
 def test_a_malformed_key_makes_its_file_unreadable(tmp_path, entry, reason):
     write_metrics_file(tmp_path / "counter_1.db", [(COUNTER, 1.0), (entry, 2.0)])
     with pytest.raises(Unreadable, match=reason):
         read_one(tmp_path, "counter_1.db")
+
+
+def test_the_keys_kept_parsed_are_bounded_in_characters(tmp_path, monkeypatch):
+    """Long keys that change from read to read (a writer's label values) never pile up."""
+    monkeypatch.setattr(directory_module, "_MAX_PARSED_KEY_CHARS", 20_000)
+    monkeypatch.setattr(directory_module, "_parsed_keys", {})
+    monkeypatch.setattr(directory_module, "_parsed_key_chars", 0)
+    for read in range(50):
+        entry = key("jobs", "jobs_total", {"model": f"{read}-" + "m" * 1000})
+        write_metrics_file(tmp_path / "counter_1.db", [(entry, 1.0)])
+        assert read_one(tmp_path, "counter_1.db").families
+        kept = sum(len(parsed_key) for parsed_key, _ in directory_module._parsed_keys)
+        assert kept <= 20_000
 
 
 def test_a_key_nested_past_what_python_parses_is_skipped_and_compaction_goes_on(tmp_path):
@@ -191,6 +210,27 @@ def test_a_file_whose_data_fails_to_render_is_found_among_the_others():
     merged, skipped = merge(files, accumulate=True, render=render)
     assert list(skipped) == ["counter_3.db"] and "ValueError: too much" in skipped["counter_3.db"]
     assert merged[0][0].samples[0].value == 3.0
+
+
+def test_a_file_that_fails_alone_is_found_in_one_pass_over_the_files():
+    """Among 300 files, the one that fails to render alone is skipped after a linear number of
+    renders (before, each file was merged again with every file accepted before it)."""
+    files = [
+        file_data(f"counter_{i}.db", "jobs", [("jobs_total", (("file", str(i)),), i, 0.0)])
+        for i in range(1, 301)
+    ]
+    renders = []
+
+    def render(metric):
+        renders.append(len(metric.samples))
+        if any(s.value == 150 for s in metric.samples):
+            raise ValueError("bad value")
+        return "ok"
+
+    merged, skipped = merge(files, accumulate=True, render=render)
+    assert list(skipped) == ["counter_150.db"]
+    assert sum(s.value for s in merged[0][0].samples) == sum(range(1, 301)) - 150
+    assert len(renders) <= 2 * len(files) + 2 and sum(renders) <= 3 * len(files)
 
 
 names = st.sampled_from(
