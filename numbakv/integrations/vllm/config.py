@@ -55,6 +55,13 @@ class Settings:
                 "NumbaKVOffloadingSpec runs numbakv's policies itself, named by eviction_policy "
                 f"alone (drop this key); {VLLM_CACHE_POLICIES}",
             )
+        if extra.get("secondary_tiers"):
+            raise ConfigError(
+                "secondary_tiers",
+                "NumbaKVOffloadingSpec has no tiers below host memory; for numbakv's disk or "
+                'Redis tiers use "spec_name": "TieringOffloadingSpec" with "eviction_policy" and '
+                '"cache_policy_module_path": "numbakv.integrations.vllm.policies" (docs/VLLM.md)',
+            )
         if extra.get("canonical_layout"):
             raise ConfigError(
                 "canonical_layout",

@@ -139,6 +139,11 @@ def test_a_failed_store_is_reported_failed_and_never_loaded(tmp_path, caplog):
         ({"max_thread_blocks": 0}, "max_thread_blocks", "must be >= 1"),
         ({"cache_policy_module_path": "my.policies"}, "cache_policy_module_path", "vLLM"),
         ({"canonical_layout": True}, "canonical_layout", "not supported"),
+        (
+            {"secondary_tiers": [{"type": "NumbaKVDiskTier", "root_dir": "/tmp/kv"}]},
+            "secondary_tiers",
+            "TieringOffloadingSpec",
+        ),
     ],
 )
 def test_bad_configuration_fails_when_vllm_builds_the_connector_and_names_the_key(
