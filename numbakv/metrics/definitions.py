@@ -210,6 +210,13 @@ MANAGER: tuple[Definition, ...] = (
         "Blocks whose store to host memory failed.",
     ),
     _stat(
+        "refused_store_blocks",
+        "numbakv_refused_store_blocks",
+        "counter",
+        "Blocks a store was refused for: no room in host memory, every other block being "
+        "loaded or stored.",
+    ),
+    _stat(
         "loaded_blocks",
         "numbakv_loaded_blocks",
         "counter",

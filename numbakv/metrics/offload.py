@@ -4,13 +4,14 @@ manager's state, in-process or into the multiprocess directory, or not at all.""
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, values
 
 from numbakv.checks import SettingTypeError
 from numbakv.metrics import liveness
@@ -35,8 +36,27 @@ def metrics_enabled() -> bool:
 
 
 def multiprocess_mode() -> bool:
-    """Whether prometheus-client writes to a shared directory (``PROMETHEUS_MULTIPROC_DIR``)."""
-    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    """Whether prometheus-client writes to a shared directory (``PROMETHEUS_MULTIPROC_DIR``).
+
+    prometheus-client reads the variable once, when it is imported: set only later, its values stay
+    in this process's memory, so numbakv exports in-process and says why, once.
+    """
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return False
+    if values.ValueClass is values.MutexValue:
+        _warn_directory_set_late()
+        return False
+    return True
+
+
+@functools.cache
+def _warn_directory_set_late() -> None:
+    logger.warning(
+        "numbakv metrics: PROMETHEUS_MULTIPROC_DIR was set after prometheus_client was imported, "
+        "which then keeps its values in this process's memory: nothing is written to %s (set the "
+        "variable before the process starts)",
+        os.environ["PROMETHEUS_MULTIPROC_DIR"],
+    )
 
 
 class OffloadMetrics:

@@ -16,6 +16,7 @@ from numbakv.metrics import (
     ScrapeCollector,
     TransferRecorder,
 )
+from numbakv.metrics import offload as offload_module
 from tests.support.metrics_fakes import EXPECTED, FakeManager, run_workload
 
 
@@ -41,6 +42,24 @@ def test_in_process_export_matches_the_workload():
     assert len([b for b in DURATION_BUCKETS_SECONDS]) + 1 == len(
         [k for k in samples(registry) if k[0].endswith("_bucket") and ("direction", "load") in k[1]]
     )
+
+
+def test_a_directory_named_after_prometheus_client_was_imported_is_said_and_left(
+    tmp_path, monkeypatch, caplog
+):
+    """prometheus-client chose in-memory values when it was imported: numbakv exports in-process
+    and says why, once (before, it joined the directory and wrote lock files, and no metric)."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    offload_module._warn_directory_set_late.cache_clear()
+    registry = CollectorRegistry()
+    manager = FakeManager()
+    with caplog.at_level("WARNING", logger="numbakv.metrics"):
+        metrics = OffloadMetrics(manager, instance="gpu0", registry=registry, enabled=True)
+        OffloadMetrics(FakeManager(), instance="gpu1", registry=CollectorRegistry(), enabled=True)
+    assert [r.getMessage().count("set after prometheus_client") for r in caplog.records] == [1]
+    assert list(tmp_path.iterdir()) == []
+    run_workload(manager, metrics)
+    check_expected(samples(registry))
 
 
 def test_lru_exports_no_arc_series():

@@ -14,6 +14,7 @@ from tests.support.vllm_support import require_vllm
 
 require_vllm()
 
+from prometheus_client import values as prometheus_values
 from vllm.v1.kv_offload.base import LookupResult
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
@@ -154,7 +155,9 @@ def test_a_tier_that_fails_to_start_closes_its_connections(server, tmp_path, mon
 
     admin = redis.Redis.from_url(server.url)
     before = len(admin.client_list())
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "absent"))  # metrics cannot start
+    # metrics cannot start: multi-process mode, as if set at start, over a directory not there
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.MultiProcessValue())
     with pytest.raises(NotADirectoryError, match="PROMETHEUS_MULTIPROC_DIR") as refused:
         engine("engine-a", redis_tier(server.url)).get_manager()
     assert len(admin.client_list()) == before, "the refused tier's connection is open"
