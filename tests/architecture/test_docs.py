@@ -290,6 +290,12 @@ def run_example(doc: str, directory: Path) -> str:
     return done.stdout
 
 
+def test_the_datapath_example_runs_as_written(tmp_path):
+    assert run_example("DATAPATH.md", tmp_path).strip() == (
+        "[('load', 512), ('load', 1536), ('load', 2048), ('store', 2048)]"
+    )
+
+
 def test_the_offloader_example_runs_as_written(tmp_path):
     assert run_example("OFFLOADER.md", tmp_path).strip() == (
         "[('store', 3072), ('load', 2048), ('load', 3072)]"
