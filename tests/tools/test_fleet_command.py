@@ -86,7 +86,7 @@ def test_the_plot_has_a_line_per_lower_tier_setting(trace, tmp_path, capsys, mon
         (["--shared-capacity", "-4"], "argument --shared-capacity: got '-4'"),
         (
             ["--disk-capacity", "1GiB", "--block-bytes", "4KiB"],
-            "all in blocks or all as sizes",
+            "--capacity 10,000 (blocks); --disk-capacity 1 GiB (sizes); give them all in blocks",
         ),
     ],
 )

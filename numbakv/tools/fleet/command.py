@@ -131,12 +131,18 @@ def check_fleet(
             parser.bad("--tiering", tiering, f"one or more of {', '.join(TIERINGS)}")
     disks = _lower_capacities(parser, "--disk-capacity", args.disk_capacity, args.block_bytes)
     shareds = _lower_capacities(parser, "--shared-capacity", args.shared_capacity, args.block_bytes)
-    given = [c for c in (*hosts, *disks, *shareds) if c.blocks]
-    if len({bool(capacity.unit) for capacity in given}) > 1:
-        parser.bad(
-            "--capacity",
-            ", ".join(c.label for c in given),
-            "host, disk and shared capacities all in blocks or all as sizes, not a mix",
+    by_flag = {"--capacity": hosts, "--disk-capacity": disks, "--shared-capacity": shareds}
+    units = {flag: {bool(c.unit) for c in given if c.blocks} for flag, given in by_flag.items()}
+    if len(set().union(*units.values())) > 1:
+        said = [
+            f"{flag} {', '.join(c.label for c in by_flag[flag])} "
+            f"({' and '.join('sizes' if unit else 'blocks' for unit in sorted(unit_set))})"
+            for flag, unit_set in units.items()
+            if unit_set
+        ]
+        parser.error(
+            f"capacities mix blocks and sizes: {'; '.join(said)}; give them all in blocks or all "
+            "as sizes (--capacity's default, 10000, is in blocks)"
         )
     configs, sizes = [], []
     for policy in policies:
