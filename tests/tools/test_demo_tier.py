@@ -91,7 +91,10 @@ def test_a_tier_that_cannot_serve_is_one_line_and_exit_2_before_any_engine(
 @pytest.mark.parametrize(
     "figures, said",
     [
-        ({"tier_unavailable": 3}, "the tier was never reachable"),
+        (
+            {"tier_unavailable": 3},
+            "the tier was unreachable: no store to it and no load from it succeeded",
+        ),
         ({"tier_unavailable": 3, "tier_stored": 1}, None),
         ({"tier_flush_failed": 5}, "every block flushed to the tier failed (5)"),
         ({"tier_flush_failed": 5, "tier_flushed": 1}, None),

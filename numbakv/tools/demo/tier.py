@@ -82,10 +82,11 @@ def describe_tier(spec: str) -> str:
 
 
 def tier_failure(report: Any) -> str | None:
-    """Why an engine's tier below counts as failed (a DemoReport's figures), or None: it never
-    answered, or every block flushed to it at the end failed."""
+    """Why an engine's tier below counts as failed (a DemoReport's figures), or None: it was
+    unreachable and took no store and gave no hit, or every block flushed to it at the end
+    failed."""
     if report.tier_unavailable and not (report.tier_stored or report.tier_hits):
-        return "the tier was never reachable"
+        return "the tier was unreachable: no store to it and no load from it succeeded"
     if report.tier_flush_failed and not report.tier_flushed:
         return f"every block flushed to the tier failed ({report.tier_flush_failed:,})"
     return None
