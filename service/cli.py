@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         create_app(settings),
         host=settings.host,
         port=settings.port,
+        log_config=None,  # its loggers log through the sidecar's handler (_log_to_stderr)
         log_level="warning",
         http=guarded_h11(_within_file_limit(settings), settings.request_timeout_s),
         ws="none",
@@ -75,12 +76,21 @@ def _listen(settings: Settings) -> socket.socket:
     return sock
 
 
+class _NoWebSocketHint(logging.Filter):
+    """Drops uvicorn's advice to install a WebSocket library: the sidecar turns WebSockets off."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No supported WebSocket library detected")
+
+
 def _log_to_stderr() -> None:
+    """numbakv's and uvicorn's records in one format (uvicorn's at the level its Config sets)."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("numbakv",):
+    handler.addFilter(_NoWebSocketHint())
+    for name in ("numbakv", "uvicorn"):
         logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger("numbakv").setLevel(logging.INFO)
 
 
 def _within_file_limit(settings: Settings) -> int:

@@ -133,6 +133,8 @@ def parse_settings(
                 value = kind(text)
             except ValueError:
                 fail(f"{source} is {text!r}, not {_KINDS[kind]}")
+        elif kind is str and not value.strip():  # `--host ""` would bind every interface
+            fail(f"{flag} is empty; give it a value or leave the flag out")
         if bounds is not None and not bounds[0] < value <= bounds[1]:
             fail(f"{source} must be above {bounds[0]} and at most {bounds[1]}, not {value}")
         values[name] = value

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+import httpx
 import numbakv.service
 import pytest
 from fastapi.testclient import TestClient
+from numbakv.service import healthcheck
 from numbakv.service.app import create_app
 from numbakv.service.settings import Settings, parse_settings
 from prometheus_client.openmetrics.exposition import generate_latest
@@ -196,6 +200,8 @@ BAD_SETTINGS = [
     ([], {"NUMBAKV_SIDECAR_PORT": "abc"}, ["variable NUMBAKV_SIDECAR_PORT is 'abc'"]),
     ([], {"NUMBAKV_SIDECAR_PORT": "70000"}, ["variable NUMBAKV_SIDECAR_PORT", "70000"]),
     ([], {"NUMBAKV_SIDECAR_HOST": ""}, ["variable NUMBAKV_SIDECAR_HOST is set but empty"]),
+    (["--host", ""], {}, ["--host is empty"]),  # not every interface
+    (["--metrics-dir", " "], {"NUMBAKV_METRICS_DIR": "/m"}, ["--metrics-dir is empty"]),
     ([], {"PROMETHEUS_MULTIPROC_DIR": " "}, ["variable PROMETHEUS_MULTIPROC_DIR is set but"]),
     ([], {"NUMBAKV_SIDECAR_CACHE_SECONDS": "1e3"}, ["NUMBAKV_SIDECAR_CACHE_SECONDS", "1000"]),
     ([], {"NUMBAKV_SIDECAR_REQUEST_TIMEOUT_SECONDS": "5s"}, ["TIMEOUT_SECONDS is '5s'"]),
@@ -326,3 +332,78 @@ def test_without_the_service_extra_one_line_names_the_pip_command():
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "pip install -e '.[service]' in numbakv's repository" in result.stderr
+
+
+def test_uvicorn_logs_in_the_sidecars_format_without_the_websocket_hint(tmp_path):
+    """A malformed request and an upgrade request: uvicorn's warnings, formatted as the sidecar's
+    own lines, and no advice to install a WebSocket library (WebSockets are off on purpose)."""
+    port = free_port()
+    with sidecar(str(tmp_path), port, stderr=subprocess.PIPE, text=True) as proc:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GARBAGE\r\n\r\n")
+            assert sock.recv(1024).startswith(b"HTTP/1.1 400")
+        upgrade = {"Upgrade": "websocket", "Connection": "Upgrade"}
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", headers=upgrade).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    log = proc.stderr.read()
+    line = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) [\w.]+: \S")
+    assert all(line.match(text) for text in log.splitlines()), log
+    assert "uvicorn.error: Invalid HTTP request received." in log, log
+    assert "uvicorn.error: Unsupported upgrade request." in log and "WebSocket library" not in log
+
+
+def refuse_proxies(monkeypatch) -> None:
+    """A proxy that refuses every connection, which nothing local is exempted from."""
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("variable", ["the sidecar's", "another"])
+def test_the_health_check_asks_the_sidecar_on_its_own_address_past_any_proxy(
+    tmp_path, monkeypatch, variable
+):
+    """``docker run IMAGE --port 9000``: the image's NUMBAKV_SIDECAR_PORT (9464) is not the port."""
+    port = free_port()
+    with sidecar(str(tmp_path), port):
+        monkeypatch.setenv("NUMBAKV_SIDECAR_PORT", str(port if variable == "the sidecar's" else 9))
+        refuse_proxies(monkeypatch)
+        assert healthcheck.main() == 0
+
+
+def write_cmdline(proc, pid: str, *argv: str) -> None:
+    (proc / pid).mkdir()
+    (proc / pid / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+
+
+def test_the_health_check_parses_each_sidecars_command_line_as_the_sidecar_did(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("NUMBAKV_SIDECAR_HOST", raising=False)
+    monkeypatch.setenv("NUMBAKV_SIDECAR_PORT", "9000")
+    write_cmdline(tmp_path, "1", "/opt/sidecar/bin/python3", "/opt/sidecar/bin/numbakv-sidecar")
+    write_cmdline(tmp_path, "7", "python3", "-m", "numbakv.service", "--host", "::", "--port", "1")
+    write_cmdline(tmp_path, "8", "python", "-m", "numbakv.service", "--host", "192.0.2.1")
+    write_cmdline(tmp_path, "9", "python3", "-m", "numbakv.service.healthcheck")
+    (tmp_path / "10").mkdir()  # a process that ended while the check read /proc
+    (tmp_path / "self").mkdir()
+    assert sorted(healthcheck.sidecar_urls(str(tmp_path))) == [
+        "http://127.0.0.1:9000/healthz",
+        "http://192.0.2.1:9000/healthz",
+        "http://[::1]:1/healthz",
+    ]
+
+
+def test_the_health_check_fails_without_a_sidecar_that_answers(tmp_path, monkeypatch, capsys):
+    refuse_proxies(monkeypatch)
+    assert healthcheck.main(str(tmp_path)) == 1
+    assert capsys.readouterr().err == (
+        "numbakv healthcheck: unhealthy: no numbakv-sidecar process found\n"
+    )
+    port = free_port()
+    write_cmdline(tmp_path, "1", "python", "-m", "numbakv.service", "--port", str(port))
+    assert healthcheck.main(str(tmp_path)) == 1
+    said = capsys.readouterr().err
+    assert said.startswith(f"numbakv healthcheck: unhealthy: http://127.0.0.1:{port}/healthz: ")
+    assert said.count("\n") == 1
