@@ -98,10 +98,12 @@ def _sections() -> list[tuple[str, list[timeseries.Panel]]]:
         _panel(
             "Stored and loaded blocks/s",
             "short",
-            "Completed (and failed) stores to host, loads back to GPU.",
+            "Completed (and failed) stores to host, loads back to GPU, and stores refused for "
+            "want of room (every other block being loaded or stored).",
             _query(_rate("numbakv_stored_blocks_total"), "stored {{instance}}"),
             _query(_rate("numbakv_loaded_blocks_total"), "loaded {{instance}}"),
             _query(_rate("numbakv_failed_store_blocks_total"), "failed {{instance}}"),
+            _query(_rate("numbakv_refused_store_blocks_total"), "refused {{instance}}"),
         ),
     ]
     transfers = [
@@ -226,7 +228,8 @@ def build() -> model.Dashboard:
                 "Engine process (the instance label numbakv writes; scrape with honor_labels)"
             )
             .datasource(DATASOURCE)
-            .query("label_values(numbakv_lookups_total, instance)")
+            # Every family's: vLLM workers write transfer metrics only, SGLang ranks tier ones.
+            .query('label_values({__name__=~"numbakv_.+"}, instance)')
             .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(model.VariableSort.ALPHABETICAL_ASC)
             .multi(True)

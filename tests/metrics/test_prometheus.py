@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.metrics_fakes import WRITER
-from tests.support.servers import free_port, running, sidecar
+from tests.support.servers import ROOT, free_port, running, sidecar
 
 generate = pytest.importorskip(
     "numbakv.dashboards.generate", reason="grafana-foundation-sdk (extra: dashboards) not installed"
@@ -41,6 +42,22 @@ scrape_configs:
 """
 
 
+MANAGERLESS_PROCESS = """
+import sys
+from numbakv.jobs import FinishedJob
+from numbakv.metrics import OffloadMetrics
+from tests.support.metrics_writer import FakeTier
+tier = FakeTier()
+tiers = {"disk": tier} if sys.argv[1].startswith("sglang") else None
+metrics = OffloadMetrics(None, instance=sys.argv[1], tiers=tiers)
+metrics.on_job_done(FinishedJob(1, "store", True, 1 << 20, 0.001))
+tier.step()
+metrics.sync()
+"""
+"""A process that writes no manager metrics: a vLLM worker (transfers only) or, with ``sglang`` in
+its instance, an SGLang rank (its tiers)."""
+
+
 def as_prometheus_sees_it(expr: str) -> str:
     """Grafana's substitutions for the dashboard's variables."""
     return expr.replace("$instance", ".*").replace("$__rate_interval", "5s")
@@ -53,6 +70,10 @@ def test_every_dashboard_query_returns_data(tmp_path):
     config = tmp_path / "prometheus.yml"
     config.write_text(PROMETHEUS_CONFIG.format(port=sidecar_port))
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    for instance in ("vllm-worker0", "sglang-tp0"):
+        subprocess.run(
+            [sys.executable, "-c", MANAGERLESS_PROCESS, instance], cwd=ROOT, env=env, check=True
+        )
     # ARC on both instances; the other policies whose state has panels next to it.
     writers = [
         subprocess.Popen([sys.executable, WRITER, name, "1", str(WORKLOAD_S), policy], env=env)
@@ -93,6 +114,15 @@ def test_every_dashboard_query_returns_data(tmp_path):
                 "gpu0",
                 "gpu1",
             }
+            # The instance variable lists every process, with manager metrics or not.
+            board = json.loads(generate.OUTPUT.read_text())
+            (variable,) = [v for v in board["templating"]["list"] if v["name"] == "instance"]
+            selector = re.fullmatch(r"label_values\((.+), instance\)", variable["query"])[1]
+            listed = httpx.get(
+                f"http://127.0.0.1:{prom_port}/api/v1/label/instance/values",
+                params={"match[]": selector},
+            ).json()["data"]
+            assert set(listed) == {"gpu0", "gpu1", "vllm-worker0", "sglang-tp0"}, listed
     finally:
         for w in writers:
             w.terminate()
