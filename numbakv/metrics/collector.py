@@ -3,12 +3,14 @@ host memory when Prometheus scrapes, one family per definition of :mod:`numbakv.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from numbakv.metrics.definitions import (
@@ -48,7 +50,7 @@ class ScrapeCollector(Collector):
         self._tiers = labelled_tiers("ScrapeCollector", instance, tiers)
         self._manager = manager
         self._transfers = transfers
-        self._instance = instance
+        self.instance = instance
         self._manager_families = (
             () if manager is None else _with_series(manager_definitions(manager.policy_name))
         )
@@ -63,19 +65,69 @@ class ScrapeCollector(Collector):
                 Source.STATS: self._manager.stats(),
                 Source.POLICY: self._manager.policy_stats(),
             }
-            labels = (self._manager.policy_name, self._instance)
+            labels = (self._manager.policy_name, self.instance)
             for definition, series in self._manager_families:
                 yield _family(definition, series, [(labels, values[definition.source])])
         # One copy per direction: every family shows the same jobs.
-        totals = [((d, self._instance), t.copy()) for d, t in self._transfers.totals.items()]
+        totals = [((d, self.instance), t.copy()) for d, t in self._transfers.totals.items()]
         for definition, series in self._transfer_families:
             yield _family(definition, series, totals)
-        tiers = [((name, self._instance), tier.counters) for name, tier in self._tiers.items()]
+        tiers = [((name, self.instance), tier.counters) for name, tier in self._tiers.items()]
         for definition, series in self._tier_families:
             yield _family(definition, series, tiers)
-        occupancy = [((name, self._instance), t.occupancy()) for name, t in self._occupied.items()]
+        occupancy = [((name, self.instance), t.occupancy()) for name, t in self._occupied.items()]
         for definition, series in self._occupancy_families:
             yield _family(definition, series, occupancy)
+
+
+class RegistryCollector(Collector):
+    """Every :class:`ScrapeCollector` of one registry, their families merged by name: two
+    collectors giving one family are refused by a registry that checks (its default), and written
+    twice, which Prometheus refuses, by one that does not. Made by :func:`join`."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, ScrapeCollector] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for member in list(self.members.values()):
+            for family in member.collect():
+                kept = merged.setdefault(family.name, family)
+                if kept is not family:
+                    kept.samples.extend(family.samples)
+        yield from merged.values()
+
+
+_REGISTERED: weakref.WeakKeyDictionary[CollectorRegistry, RegistryCollector] = (
+    weakref.WeakKeyDictionary()
+)
+_REGISTERING = threading.Lock()
+
+
+def join(registry: CollectorRegistry, collector: ScrapeCollector) -> None:
+    """Export `collector` in `registry`, beside the others there; an instance exported there
+    already is refused by name (its series would be written twice)."""
+    with _REGISTERING:
+        shared = _REGISTERED.get(registry)
+        if shared is None:
+            shared = _REGISTERED[registry] = RegistryCollector()
+            registry.register(shared)
+        if collector.instance in shared.members:
+            raise ValueError(
+                f"OffloadMetrics instance {collector.instance!r} is exported in this registry "
+                "already; give each its own instance"
+            )
+        shared.members[collector.instance] = collector
+
+
+def leave(registry: CollectorRegistry, collector: ScrapeCollector) -> None:
+    """Stop exporting `collector`; the registry's collector goes with its last member."""
+    with _REGISTERING:
+        shared = _REGISTERED[registry]
+        del shared.members[collector.instance]
+        if not shared.members:
+            registry.unregister(shared)
+            del _REGISTERED[registry]
 
 
 def _with_series(definitions: Sequence[Definition]) -> tuple[tuple[Definition, Series], ...]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, CollectorRegistry, values
 
 from numbakv.checks import SettingTypeError
-from numbakv.metrics import liveness
+from numbakv.metrics import collector, liveness
 from numbakv.metrics.collector import ScrapeCollector
 from numbakv.metrics.definitions import ManagerLike, TierLike, labelled_tiers
 from numbakv.metrics.recording import TransferRecorder
@@ -103,7 +103,7 @@ class OffloadMetrics:
             atexit.register(self.close)
         elif registry is not None:
             self._collector = ScrapeCollector(manager, self._transfers, instance, tiers)
-            registry.register(self._collector)
+            collector.join(registry, self._collector)
         self._registry = registry
 
     def sync(self) -> None:
@@ -139,7 +139,7 @@ class OffloadMetrics:
             self._writer = None
             atexit.unregister(self.close)
         if self._collector is not None:
-            self._registry.unregister(self._collector)
+            collector.leave(self._registry, self._collector)
             self._collector = None
 
 

@@ -155,6 +155,33 @@ def test_unknown_direction_is_rejected():
         metrics.on_job_done(FinishedJob(1, "sideways", True, 10, 0.1))
 
 
+@pytest.mark.parametrize("auto_describe", [True, False], ids=["checking", "plain"])
+def test_two_in_one_registry_export_one_family_each_with_both_instances(auto_describe):
+    """A registry that checks for duplicates (the default one does) refused the second; one that
+    does not wrote every family twice, which Prometheus refuses."""
+    registry = CollectorRegistry(auto_describe=auto_describe)
+    first, second = FakeManager(), FakeManager()
+    run_workload(first, OffloadMetrics(first, instance="gpu0", registry=registry, enabled=True))
+    other = OffloadMetrics(second, instance="gpu1", registry=registry, enabled=True)
+    run_workload(second, other)
+    text = generate_latest(registry).decode()
+    assert text.count("# HELP numbakv_lookups_total ") == 1
+    got = samples(registry)
+    for instance in ("gpu0", "gpu1"):
+        check_expected(
+            {
+                (name, tuple((k, "gpu0" if k == "instance" else v) for k, v in labels)): value
+                for (name, labels), value in got.items()
+                if ("instance", instance) in labels
+            }
+        )
+    with pytest.raises(ValueError, match="instance 'gpu1' is exported in this registry already"):
+        OffloadMetrics(FakeManager(), instance="gpu1", registry=registry, enabled=True)
+    other.close()
+    assert not any(("instance", "gpu1") in labels for _, labels in samples(registry))
+    OffloadMetrics(FakeManager(), instance="gpu1", registry=registry, enabled=True)
+
+
 @pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed"
 )
@@ -162,6 +189,7 @@ def test_promtool_finds_nothing_to_report():
     registry = CollectorRegistry()
     manager = FakeManager()
     run_workload(manager, OffloadMetrics(manager, instance="gpu0", registry=registry, enabled=True))
+    run_workload(manager, OffloadMetrics(manager, instance="gpu1", registry=registry, enabled=True))
     result = subprocess.run(
         ["promtool", "check", "metrics"],
         input=generate_latest(registry),
