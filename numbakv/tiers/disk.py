@@ -13,6 +13,7 @@ power loss leaves half-written is a miss, never wrong bytes, and a store costs n
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import mmap
@@ -31,7 +32,7 @@ import numpy as np
 from numbakv.checks import positive
 from numbakv.manager import MAX_SIZE, CPUOffloadingManager
 from numbakv.policies import resolve_policy
-from numbakv.tiers.backend import ChunkBackend, Occupancy, StoredValue
+from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy, StoredValue
 from numbakv.tiers.chunk_format import HEADER_BYTES, CorruptChunk, checksum, parse_header
 from numbakv.tiers.namespace import Namespace
 from numbakv.tiers.settings import settings_from
@@ -127,6 +128,9 @@ class DiskBackend(ChunkBackend):
         self._leaving: Counter[bytes] = Counter()
         """Keys whose files are being removed, outside the lock: none is stored or adopted until
         its file is gone, or the removal would take the new file with it."""
+        self._changes = 0
+        """Stores and removals this process has ended (under the lock): what a look at the
+        directory outside the lock is checked against (`_reconcile`)."""
         self._buffers = threading.local()
         self._temp_numbers = itertools.count()
         self.direct_io = _direct_io_works(self.directory)
@@ -153,9 +157,9 @@ class DiskBackend(ChunkBackend):
     # --- the ChunkBackend contract ---
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        on_disk, evicted = self._on_disk(keys), []
+        seen, on_disk, evicted = self._changes, self._on_disk(keys), []
         with self._lock:
-            ready = self._reconcile(keys, on_disk, evicted)
+            ready = self._reconcile(keys, on_disk, seen, evicted)
         self._unlink(evicted)
         return ready
 
@@ -173,20 +177,25 @@ class DiskBackend(ChunkBackend):
                     f"payloads must be chunk_bytes ({self.chunk_bytes}) long, got {payload.nbytes}"
                 )
         on_disk = self._on_disk(keys)
+        index = self._index
         with self._lock:
-            for key, there in zip(keys, on_disk):
-                if not there and self._index.lookup((key,)):
-                    self._index.remove((key,))  # another process removed its file: write anew
             leaving = {key for key in keys if self._leaving[key]}
-            plan = self._index.prepare_store([key for key in keys if key not in leaving])
-            if plan is not None:
+            ready = {key for key in keys if key not in leaving and index.lookup((key,))}
+            # listed, but another process removed the file: written again, held meanwhile so
+            # that no store evicts it
+            rewrite = [key for key, there in zip(keys, on_disk) if not there and key in ready]
+            index.prepare_load(rewrite)
+            plan = index.prepare_store([key for key in keys if key not in leaving])
+            if plan is None:
+                index.complete_load(rewrite)
+            else:
                 self._leaving.update(plan.block_hashes_evicted)
         if plan is None:  # every file is being read or written: nothing may be evicted
             return [False] * len(keys)
         self._unlink(plan.block_hashes_evicted)
-        to_store, first = set(plan.block_hashes_to_store), {}
+        to_write, first = {*plan.block_hashes_to_store, *rewrite}, {}
         for position, key in enumerate(keys):
-            if key in to_store:
+            if key in to_write:
                 first.setdefault(key, position)
         outcome = dict.fromkeys(first, False)  # what an error midway leaves: none stored
         try:
@@ -200,17 +209,22 @@ class DiskBackend(ChunkBackend):
             outcome = dict(zip(first, written))
         finally:
             with self._lock:
-                self._index.complete_store([key for key, ok in outcome.items() if ok])
-                self._index.complete_store([key for key, ok in outcome.items() if not ok], False)
-        # absent from outcome: already stored, or its old file still leaving (dropped)
-        return [key not in leaving and outcome.get(key, True) for key in keys]
+                planned = plan.block_hashes_to_store
+                index.complete_store([key for key in planned if outcome[key]])
+                index.complete_store([key for key in planned if not outcome[key]], False)
+                index.complete_load(rewrite)
+                index.remove([key for key in rewrite if not outcome[key]])  # its file is gone
+                self._changes += 1
+        # Absent from outcome: ready already (stored), or leaving, or being stored by another
+        # job of this process, whose outcome this call cannot vouch for (not stored).
+        return [key not in leaving and outcome.get(key, key in ready) for key in keys]
 
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
     ) -> list[StoredValue | None]:
-        on_disk, evicted = self._on_disk(keys), []
+        seen, on_disk, evicted = self._changes, self._on_disk(keys), []
         with self._lock:
-            ready = self._reconcile(keys, on_disk, evicted)
+            ready = self._reconcile(keys, on_disk, seen, evicted)
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
         self._unlink(evicted)
@@ -233,9 +247,11 @@ class DiskBackend(ChunkBackend):
 
     def delete(self, keys: Sequence[bytes]) -> None:
         with self._lock:
-            self._index.remove(keys)
-            self._leaving.update(keys)
-        self._unlink(keys)
+            # a file this process is writing lands after: its store completes as it was planned
+            gone = [key for key in keys if not self._index.is_being_stored(key)]
+            self._index.remove(gone)
+            self._leaving.update(gone)
+        self._unlink(gone)
 
     def clear(self) -> int:
         """Every chunk file of the namespace's directory removed (a file being read is read to
@@ -278,21 +294,29 @@ class DiskBackend(ChunkBackend):
         return [os.path.exists(self._path(key)) for key in keys]
 
     def _reconcile(
-        self, keys: Sequence[bytes], on_disk: Sequence[bool], evicted: list[bytes]
+        self, keys: Sequence[bytes], on_disk: Sequence[bool], seen: int, evicted: list[bytes]
     ) -> list[bool]:
         """Bring the index in line with what the directory held for `keys` (under the lock):
         files another process wrote join it, files another process removed leave it; the files
         their joining evicts are added to `evicted`, for the caller to remove after the lock.
         Which keys are ready. Each key found ready is pinned until all are, so that a later key's
-        joining never evicts it."""
+        joining never evicts it.
+
+        `on_disk` was looked at before the lock, when `_changes` was `seen`: if a store or a
+        removal of this process has ended since, a key whose file and index disagree may be one
+        it just wrote or removed, so the index is left as it is and the key is a miss (dropping
+        a file just written would leave it in no index, never evicted)."""
         index = self._index
+        settled = self._changes == seen
         ready, held = [], []
         try:
             for key, there in zip(keys, on_disk):
                 if index.lookup((key,)):
-                    if not there:
+                    if not there and settled:
                         index.remove((key,))
-                elif there and not index.is_being_stored(key) and not self._leaving[key]:
+                elif (
+                    there and settled and not index.is_being_stored(key) and not self._leaving[key]
+                ):
                     there = self._adopt(key, evicted)
                 else:
                     there = False
@@ -322,6 +346,7 @@ class DiskBackend(ChunkBackend):
                 self._leaving[key] -= 1
                 if not self._leaving[key]:
                     del self._leaving[key]
+            self._changes += 1
 
     def _spread(self, work: Callable[[int], Any], positions: list[int]) -> list:
         """`work(position)` for each of `positions`, on up to `stripes` threads at once, the
@@ -371,7 +396,9 @@ class DiskBackend(ChunkBackend):
             return False
         return True
 
-    def _read_file(self, key: bytes, payload: memoryview) -> StoredValue | None:
+    def _read_file(
+        self, key: bytes, payload: memoryview
+    ) -> StoredValue | BackendUnavailable | None:
         """The header block and the payload in one read request, the payload straight into its
         row where O_DIRECT can move it there. The tier checks both before the row counts: a
         chunk that fails any check is a miss, and its row goes back unused."""
@@ -380,6 +407,11 @@ class DiskBackend(ChunkBackend):
             fd = os.open(self._path(key), flags)
         except FileNotFoundError:
             return None
+        except OSError as error:  # this key's alone: a miss, the batch's other files still load
+            logger.warning("numbakv disk tier: opening %s failed: %s", key.hex(), error)
+            if error.errno in (errno.EMFILE, errno.ENFILE):  # no file descriptor left, for now
+                return BackendUnavailable(error.strerror)
+            return None  # unreadable here (a directory at its path, another user's file)
         buffer = self._io_buffer()
         straight = not self.direct_io or _aligned_buffer(payload)
         try:
@@ -453,13 +485,15 @@ def _aligned_buffer(buffer: memoryview) -> bool:
 
 def _direct_io_works(directory: str) -> bool:
     """Whether O_DIRECT writes and reads work here (tmpfs and some overlay or network file
-    systems refuse them), probed with one aligned block."""
-    if not hasattr(os, "O_DIRECT"):
-        return False
+    systems refuse them), probed with one aligned block; OSError where no file can be made here
+    at all (a read-only file system, say)."""
     probe = os.path.join(directory, f".direct-probe.{os.getpid()}{_TEMP_SUFFIX}")
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
     block = memoryview(mmap.mmap(-1, ALIGNMENT))
     try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        if not hasattr(os, "O_DIRECT"):
+            return False
+        fd = os.open(probe, os.O_RDWR | os.O_DIRECT)
         try:
             return os.pwritev(fd, [block], 0) == ALIGNMENT == os.preadv(fd, [block], 0)
         finally:

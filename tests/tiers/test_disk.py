@@ -6,6 +6,7 @@ the full file system is a real, small tmpfs mount.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import pytest
 
 from numbakv import POLICIES
 from numbakv.manager import CPUOffloadingManager
+from numbakv.tiers import TierOpenError, open_tier
 from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
 from numbakv.tiers.disk import ALIGNMENT, DiskBackend, DiskSettings
@@ -384,10 +386,108 @@ def test_a_store_of_a_file_another_engine_removed_writes_it_anew(tmp_path):
     assert a.backend.indexed(KEYS[:1]) == [True] and len(chunk_files(a.backend)) == 2
     a.submit_store("again", KEYS[:1], [0])
     assert finished(a)["again"].success
-    assert len(chunk_files(a.backend)) == 3 and a.backend.take_removed() == [KEYS[0]]
+    assert len(chunk_files(a.backend)) == 3 and a.backend.take_removed() == []  # kept, rewritten
     b.submit_load("l", KEYS[:1], [3])
     assert finished(b)["l"].success
     np.testing.assert_array_equal(pool_b[3], pool_a[0])
+
+
+def disk_backend(tmp_path, files: int = 4) -> DiskBackend:
+    return DiskBackend(
+        DiskSettings(tmp_path, bytes_for(files, CHUNK_BYTES), stripes=1), namespace(), CHUNK_BYTES
+    )
+
+
+def write_one(backend: DiskBackend, key: bytes, seed: int = 0) -> list[bool]:
+    payload = memoryview(aligned_pool(1, seed)[0])
+    header = encode_header(backend._namespace, b"w" * 8, payload, key)
+    return backend.write([key], [header], [payload])
+
+
+def test_a_lookup_that_raced_a_store_of_its_key_leaves_the_new_file_indexed(tmp_path):
+    """The lookup saw no file, then the store of its key ended before it took the lock: before,
+    it dropped the key from the index, and the file stayed in no index, never evicted (the
+    directory grew past its bound for good)."""
+    backend = disk_backend(tmp_path)
+    on_disk = backend._on_disk
+
+    def store_meanwhile(keys):
+        seen = on_disk(keys)
+        backend._on_disk = on_disk
+        assert write_one(backend, KEYS[0]) == [True]
+        return seen
+
+    backend._on_disk = store_meanwhile
+    assert backend.exists(KEYS[:1]) == [False]  # a miss this once
+    assert backend.indexed(KEYS[:1]) == [True] and backend.exists(KEYS[:1]) == [True]
+    for key in KEYS[1:]:
+        write_one(backend, key)
+    write_one(backend, b"one-more")  # past the bound of 4: the oldest file is evicted
+    assert len(chunk_files(backend)) == backend.used_files() == 4
+
+
+def test_a_rewrite_of_a_file_gone_while_a_read_holds_its_key_writes_it(tmp_path):
+    backend = disk_backend(tmp_path)
+    assert write_one(backend, KEYS[0]) == [True]
+    backend._index.prepare_load(KEYS[:1])  # a read of it under way
+    os.remove(backend._path(KEYS[0]))  # another engine's bound evicted the file
+    assert write_one(backend, KEYS[0], seed=1) == [True]
+    assert os.path.exists(backend._path(KEYS[0]))  # before: True answered, no file written
+    backend._index.complete_load(KEYS[:1])
+
+
+def test_a_store_of_a_key_another_job_is_storing_vouches_for_nothing(tmp_path):
+    backend = disk_backend(tmp_path)
+    backend._index.prepare_store(KEYS[:1])  # another job's write of it under way
+    assert write_one(backend, KEYS[0]) == [False]  # before: True, with no file written
+    backend._index.complete_store(KEYS[:1], False)  # that write failed: the key never existed
+    assert backend.exists(KEYS[:1]) == [False]
+
+
+def test_a_delete_leaves_the_file_a_store_of_this_process_is_landing(tmp_path):
+    """clear() or a corrupt chunk's delete, between a store's rename and its completion."""
+    backend = disk_backend(tmp_path)
+    plan = backend._index.prepare_store(KEYS[:1])
+    assert plan.block_hashes_to_store == KEYS[:1]
+    payload = memoryview(aligned_pool(1, 2)[0])
+    header = encode_header(backend._namespace, b"w" * 8, payload, KEYS[0])
+    assert backend._write_file(KEYS[0], header, payload)  # renamed into place
+    assert backend.clear() == 1
+    backend._index.complete_store(KEYS[:1])
+    assert os.path.exists(backend._path(KEYS[0])) and backend.exists(KEYS[:1]) == [True]
+
+
+def test_a_file_that_cannot_be_opened_is_a_miss_for_its_key_alone(tmp_path, caplog):
+    pool = aligned_pool(6, 18)
+    tier = disk_tier(tmp_path, pool)
+    tier.submit_store("s", KEYS[:3], [0, 1, 2])
+    finished(tier)
+    path = tier.backend._path(KEYS[1])
+    os.remove(path)
+    os.mkdir(path)  # EISDIR, or EINVAL under O_DIRECT: not "not found"
+    tier.submit_load("l", KEYS[:3], [3, 4, 5])
+    assert finished(tier)["l"].failed_keys == (KEYS[1],)  # before: the whole batch failed
+    np.testing.assert_array_equal(pool[[3, 5]], pool[[0, 2]])
+    assert tier.contains(KEYS[:3]) == [True, False, True]  # a miss from now on
+    assert "opening" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_a_directory_where_no_file_can_be_made_is_refused_when_opened(tmp_path, monkeypatch):
+    open_file = os.open
+
+    def read_only(path, flags, *mode):
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return open_file(path, flags, *mode)
+
+    disk_backend(tmp_path).close()  # the directory exists, as a tier's would
+    monkeypatch.setattr(disk_module.os, "open", read_only)
+    with pytest.raises(TierOpenError, match="Read-only file system"):
+        open_tier(
+            f"dir:{tmp_path}?bytes_to_use={bytes_for(4, CHUNK_BYTES)}",
+            aligned_pool(1, 0),
+            namespace(),
+        )
 
 
 def test_clear_removes_the_namespaces_files_another_engine_wrote_too(tmp_path):
