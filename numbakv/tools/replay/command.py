@@ -281,7 +281,8 @@ def _print_run(
     size = f"{capacity.label}: " if capacity.unit else ""
     of = f" of {bytes_label(block_bytes)}" if block_bytes else ""
     print(f"policy          {policy}", file=out)
-    print(f"capacity        {size}{result.capacity:,} blocks{of}", file=out)
+    blocks = "block" if result.capacity == 1 else "blocks"
+    print(f"capacity        {size}{result.capacity:,} {blocks}{of}", file=out)
     print_hit_ratio(result, requests, out)
     print(f"evictions       {result.evictions:,}", file=out)
     print(f"stores skipped  {result.stores_skipped:,}", file=out)
