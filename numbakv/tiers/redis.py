@@ -65,7 +65,7 @@ TLS_URL_OPTIONS = (
     "ssl_check_hostname",
     "ssl_min_version",
 )
-"""The client's TLS options a redis:// or rediss:// URL's query may carry (`?ssl_ca_certs=PATH`)."""
+"""The client's TLS options a rediss:// or valkeys:// URL's query may carry (`?ssl_ca_certs=PATH`)."""
 UNIX_URL_OPTIONS = ("db",)
 """What a unix:// URL's query may carry: the database number (its path is the socket's)."""
 URL_OPTIONS = TLS_URL_OPTIONS + UNIX_URL_OPTIONS
@@ -151,13 +151,17 @@ class RedisSettings:
                 raise ValueError(
                     f"the url's port must be a number from 1 to 65535, got {redacted(self.url)!r}"
                 )
-        taken = UNIX_URL_OPTIONS if unix else TLS_URL_OPTIONS
-        for option in parse_qs(parts.query, keep_blank_values=True):
+        tls = SCHEMES[parts.scheme] == "rediss"
+        taken = UNIX_URL_OPTIONS if unix else TLS_URL_OPTIONS if tls else ()
+        options = parse_qs(parts.query, keep_blank_values=True)
+        for option in options:
             if option not in taken:
+                also = f" and {', '.join(taken)}" if taken else " (TLS options need rediss://)"
                 raise ValueError(
                     f"unknown Redis URL option {option!r}; a {parts.scheme}:// URL's query takes "
-                    f"numbakv's tier settings (through open_tier) and {', '.join(taken)}"
+                    f"numbakv's tier settings (through open_tier){also}"
                 )
+        _check_tls_options({option: values[-1] for option, values in options.items()})
         if not isinstance(self.cluster, bool):
             raise TypeError(f"cluster must be true or false, got {self.cluster!r}")
         if self.cluster and unix:
@@ -172,6 +176,7 @@ class RedisSettings:
             raise ValueError(f"key_prefix must be a non-empty string, got {self.key_prefix!r}")
         if self.ttl_s is not None:
             object.__setattr__(self, "ttl_s", positive("ttl_s", self.ttl_s, unit="seconds"))
+            _at_most("ttl_s", self.ttl_s, MAX_TTL_S, "a century")
         if not isinstance(self.password_env, str) or not self.password_env:
             raise ValueError(
                 f"password_env must name an environment variable, got {self.password_env!r}"
@@ -188,6 +193,7 @@ class RedisSettings:
                 )
         for name in ("socket_timeout_s", "connect_timeout_s"):
             object.__setattr__(self, name, positive(name, getattr(self, name), unit="seconds"))
+            _at_most(name, getattr(self, name), MAX_TIMEOUT_S, "an hour")
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> RedisSettings:
@@ -200,7 +206,7 @@ class RedisSettings:
         parts = urlsplit(self.url)
         if parts.scheme == "unix":
             number = parse_qs(parts.query).get("db", ["0"])[-1]
-            if not number.isdigit():
+            if not (number.isascii() and number.isdigit()):
                 raise ValueError(
                     f"the url's db must be a database number (?db=0), got ?db={number} in "
                     f"{redacted(self.url)}"
@@ -209,7 +215,7 @@ class RedisSettings:
         path = unquote(parts.path).strip("/")
         if not path:
             return 0
-        if not path.isdigit():
+        if not (path.isascii() and path.isdigit()):
             raise ValueError(
                 f"the url's path must be a database number (/0), got /{path} in "
                 f"{redacted(self.url)}"
@@ -228,6 +234,31 @@ class RedisSettings:
 
 
 _DEFAULTS = {field.name: field.default for field in fields(RedisSettings)}
+MAX_TTL_S = 100 * 365 * 86400
+MAX_TIMEOUT_S = 3600.0
+_CERT_REQS = ("none", "optional", "required")
+
+
+def _at_most(name: str, value: float, bound: float, said: str) -> None:
+    if value > bound:
+        raise ValueError(f"{name} must be at most {bound:g} seconds ({said}), got {value:g}")
+
+
+def _check_tls_options(options: Mapping[str, str]) -> None:
+    """The URL's TLS options that name files or a choice, checked here: the client would find
+    a wrong one only when it connects, and report a healthy server unreachable."""
+    for option in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if option in options and not os.path.isfile(options[option]):
+            raise ValueError(f"the url's {option} must be a file, got {options[option]!r}")
+    if "ssl_ca_path" in options and not os.path.isdir(options["ssl_ca_path"]):
+        raise ValueError(
+            f"the url's ssl_ca_path must be a directory, got {options['ssl_ca_path']!r}"
+        )
+    if options.get("ssl_cert_reqs", "required").lower() not in _CERT_REQS:
+        raise ValueError(
+            f"the url's ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}, got "
+            f"{options['ssl_cert_reqs']!r}"
+        )
 
 
 class RedisBackend(ChunkBackend):
@@ -247,7 +278,7 @@ class RedisBackend(ChunkBackend):
         try:
             self._check_capacity_policy()
         except BaseException:  # refused at start: no connection outlives the error
-            self._client.close()
+            _close(self._client)
             raise
         self._stripes = ThreadPoolExecutor(
             max(settings.stripes, settings.read_stripes), thread_name_prefix="numbakv-redis"
@@ -292,11 +323,17 @@ class RedisBackend(ChunkBackend):
             self.settings.read_stripes,
             window=max(1, WINDOW_BYTES * len(keys) // max(payload_bytes, 1)),
         )
-        return [
-            reply if reply is None or isinstance(reply, (StoredValue, BackendUnavailable))
-            else BackendUnavailable(f"{redacted(self.settings.url)}: {reply}")
-            for reply in replies
-        ]  # fmt: skip
+        return [self._value(reply) for reply in replies]
+
+    def _value(self, reply: object) -> StoredValue | BackendUnavailable | None:
+        """What `read_into` answers for a GET's reply: a value of another type under the key
+        (WRONGTYPE) is a damaged chunk (no header), which the tier deletes; any other error reply
+        says nothing of the key."""
+        if reply is None or isinstance(reply, (StoredValue, BackendUnavailable)):
+            return reply
+        if isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE"):
+            return StoredValue(b"", 0)
+        return BackendUnavailable(f"{redacted(self.settings.url)}: {reply}")
 
     def delete(self, keys: Sequence[bytes]) -> None:
         self._pipelined(keys, lambda _, key: command(b"DEL", key), _reply)
@@ -319,7 +356,7 @@ class RedisBackend(ChunkBackend):
 
     def close(self) -> None:
         self._stripes.shutdown()
-        self._client.close()
+        _close(self._client)
 
     def _pipelined(
         self,
@@ -551,6 +588,16 @@ def _password_error(
     return PasswordRefused(
         f"Redis at {where} refused the password (from the url or {password_env}): {error}"
     )
+
+
+def _close(client: redis.Redis | RedisCluster) -> None:
+    """Close `client` and its connections (redis-py closes a cluster's node clients without
+    disconnecting their pools: their sockets stayed open until collected)."""
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+    client.close()
 
 
 def _reply(replies: Replies, _index: int) -> object:

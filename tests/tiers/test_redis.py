@@ -168,7 +168,7 @@ def test_clear_removes_its_namespaces_keys_and_no_other(server):
     assert one.contains(KEYS[:1]) == [True]
 
 
-@pytest.mark.parametrize("damage", ["corrupted", "truncated", "other_namespace"])
+@pytest.mark.parametrize("damage", ["corrupted", "truncated", "other_namespace", "a_list"])
 def test_a_damaged_value_is_a_miss_counted_and_deleted(server, damage):
     chunk_tier = tier(server.url, pool(4, 5))
     run(chunk_tier, chunk_tier.submit_store, 1, KEYS[:2], [0, 1])
@@ -184,7 +184,11 @@ def test_a_damaged_value_is_a_miss_counted_and_deleted(server, damage):
             namespace(model="another").digest, b"w" * 8, memoryview(chunk_tier._pool[1]), KEYS[1]
         )
         value[:HEADER_BYTES] = header
-    client.set(key, bytes(value))
+    if damage == "a_list":  # WRONGTYPE: before, a store's "no answer", found again for good
+        client.delete(key)
+        client.rpush(key, b"x")
+    else:
+        client.set(key, bytes(value))
     job = run(chunk_tier, chunk_tier.submit_load, 2, KEYS[:2], [2, 3])
     assert job.failed_keys == (KEYS[1],) and chunk_tier.counters.integrity_failures == 1
     np.testing.assert_array_equal(chunk_tier._pool[2], chunk_tier._pool[0])
@@ -415,6 +419,14 @@ def test_a_slot_moved_to_another_node_is_found_there_after_one_lookup(tmp_path):
         ({"url": "unix:///run/redis.sock?db=one"}, "db"),
         ({"url": "unix:///run/redis.sock?ssl_ca_certs=/ca.pem"}, "ssl_ca_certs"),
         ({"url": "unix:///run/redis.sock", "cluster": True}, "TCP"),
+        ({"url": "redis://h:1/0?ssl_cert_reqs=required"}, "TLS options need rediss://"),
+        ({"url": "rediss://h:1/0?ssl_ca_certs=/no/ca.pem"}, "ssl_ca_certs must be a file"),
+        ({"url": "rediss://h:1/0?ssl_ca_path=/no/cas"}, "ssl_ca_path must be a directory"),
+        ({"url": "rediss://h:1/0?ssl_cert_reqs=bogus"}, "ssl_cert_reqs must be one of none"),
+        ({"url": "redis://h:1", "ttl_s": 1e300}, "ttl_s must be at most"),
+        ({"url": "redis://h:1", "connect_timeout_s": 1e300}, "connect_timeout_s must be at most"),
+        ({"url": "redis://h:1/%C2%B2"}, "path must be a database number"),
+        ({"url": "unix:///run/redis.sock?db=%C2%B2"}, "db must be a database number"),
         ({}, "url"),
     ],
 )
@@ -489,6 +501,20 @@ def test_a_backend_refused_at_start_closes_its_connections(tmp_path):
             RedisBackend(RedisSettings(url=server.url), namespace().digest)
         assert len(admin.client_list()) == before, "the refused backend's connection is open"
         del refused
+
+
+def test_a_closed_cluster_backend_leaves_no_connection_open(tmp_path):
+    """redis-py closes a cluster's node clients without disconnecting their pools."""
+    with redis_cluster(str(tmp_path)) as nodes:
+        admins = [redis.Redis(port=node.port) for node in nodes]
+        before = [len(admin.client_list()) for admin in admins]
+        settings = RedisSettings(url=f"redis://127.0.0.1:{nodes[0].port}/0", cluster=True)
+        backends = [RedisBackend(settings, namespace().digest) for _ in range(3)]
+        for backend in backends:
+            backend.exists(KEYS)
+            backend.close()
+        assert [len(admin.client_list()) for admin in admins] == before
+        del backends
 
 
 def test_a_closed_backend_leaves_no_connection_open(server):
