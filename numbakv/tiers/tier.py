@@ -54,6 +54,13 @@ DEFAULT_BREAKER_COOLDOWN_S = 5.0
 UNLOADABLE_LIMIT = 1 << 16
 STALLED_DEADLINES = 10
 """Deadlines a lookup may go unanswered before the store counts as stalled (`ChunkTier.lookup`)."""
+
+
+class LookupTooLate(Exception):
+    """A lookup whose deadline had passed when its turn came: the store is never asked (its
+    answer could only be late), so lookups queued behind a slow store cost nothing."""
+
+
 _STALLED: Future[list[bool]] = Future()  # the answer of a lookup not asked: failed, so misses
 _STALLED.set_exception(BackendUnavailable("the store left a lookup unanswered: stalled"))
 
@@ -138,8 +145,9 @@ class TierLookup:
             remaining = self._deadline - time.monotonic()
             if wait and remaining > 0:
                 wait_for_futures((self._future,), timeout=remaining)
-            if self._future.done():
-                return self._misses if self._future.exception() else self._future.result()
+            error = self._future.exception() if self._future.done() else None
+            if self._future.done() and not isinstance(error, LookupTooLate):
+                return self._misses if error else self._future.result()
             if not wait and remaining > 0:
                 return None
             self._late = True
@@ -245,7 +253,8 @@ class ChunkTier:
     def lookup(self, keys: Sequence[bytes]) -> TierLookup:
         """Start a batched lookup, answered off the caller's thread within the tier's deadline.
 
-        Lookups are asked one after another. While the store leaves one unanswered for
+        Lookups are asked one after another; one whose deadline passed while it waited its turn
+        is never asked (misses, counted late). While the store leaves one unanswered for
         STALLED_DEADLINES deadlines, it is stalled: a new lookup is misses at once (counted late)
         instead of waiting its deadline behind it, until the store answers or the breaker opens.
         While the breaker is open, a lookup is answered (misses) on the caller's thread.
@@ -260,7 +269,7 @@ class ChunkTier:
         if not asked.done() and now - since > STALLED_DEADLINES * self.lookup_deadline_s:
             self._count_late()
             return TierLookup(_STALLED, len(keys), 0.0, self._count_late)
-        future = self._lookup_thread.submit(self._lookup, keys)
+        future = self._lookup_thread.submit(self._lookup, keys, now + self.lookup_deadline_s)
         if asked.done():  # the oldest unanswered: every later lookup waits behind it
             self._last_lookup = (future, now)
         return TierLookup(future, len(keys), self.lookup_deadline_s, self._count_late)
@@ -425,7 +434,9 @@ class ChunkTier:
         self._breaker.succeeded()
         return result
 
-    def _lookup(self, keys: list[bytes]) -> list[bool]:
+    def _lookup(self, keys: list[bytes], deadline: float) -> list[bool]:
+        if time.monotonic() >= deadline:
+            raise LookupTooLate
         start = time.perf_counter()
         found = self._ask_backend(self.backend.exists, [False] * len(keys), keys)
         return self._counted_lookup(keys, found, start)

@@ -1,5 +1,6 @@
 """Lookups never queue behind a store that stopped answering: once one has gone unanswered for
-STALLED_DEADLINES deadlines, and while the breaker is open, a lookup is misses at once."""
+STALLED_DEADLINES deadlines, and while the breaker is open, a lookup is misses at once; one whose
+deadline passed while it waited its turn is never asked."""
 
 from __future__ import annotations
 
@@ -53,3 +54,29 @@ def test_while_the_breaker_is_open_a_lookup_is_answered_on_the_callers_thread():
         assert tier.counters.lookups == 8 and tier.counters.late_lookups == 0
     finally:
         backend.gate.set()
+
+
+class CountedLookups(DictBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def exists(self, keys):
+        self.asked += 1
+        return super().exists(keys)
+
+
+def test_lookups_queued_behind_a_slow_answer_are_never_asked_once_late():
+    """The store answers one lookup late, not stalled long enough to be taken as stalled: the
+    lookups queued behind it meanwhile are past their deadline when their turn comes, so none is
+    asked, and close() does not wait for them (it asked each, as long as the store took)."""
+    backend = CountedLookups()
+    tier = tier_over(backend, lookup_deadline_s=DEADLINE_S)
+    backend.gate.clear()
+    lookups = [tier.lookup(KEYS) for _ in range(STALLED_DEADLINES)]
+    time.sleep(3 * DEADLINE_S)  # every one past its deadline
+    backend.gate.set()
+    tier.close()
+    assert backend.asked == 1
+    assert all(lookup.answer() == [False] * 4 for lookup in lookups)
+    assert tier.counters.late_lookups >= len(lookups) - 1  # the first was answered, late
