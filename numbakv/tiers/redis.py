@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
@@ -80,6 +81,10 @@ send buffer; the bound keeps the unread replies within the socket's receive buff
 CLEAR_BATCH = 1000
 """Keys a SCAN step asks for, and deleted by one pipeline, when a namespace is cleared."""
 STRIPE_BYTES = 8 << 20
+NODE_COOLDOWN_S = 5.0
+"""How long a cluster node that failed to answer is left alone, its keys' commands failing at once,
+before a call asks it again: a hung node cost every call socket_timeout_s, and its keys' misses
+made the other nodes' keys late too."""
 """The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
 _UNREACHABLE = (RedisError, RedisClusterException, OSError)
@@ -268,6 +273,8 @@ class RedisBackend(ChunkBackend):
         self.settings = settings
         self._prefix = f"{settings.key_prefix}:{namespace_digest.hex()}:".encode()
         self._client = _connect(settings)
+        self._node_down_until: dict[str, float] = {}
+        """Cluster nodes that failed to answer, and until when they are left alone."""
         logger.info(
             "numbakv Redis tier: %s%s, key prefix %r, TTL %s",
             redacted(settings.url),
@@ -407,21 +414,28 @@ class RedisBackend(ChunkBackend):
                 continue
             nodes[node.name] = node
             by_node.setdefault(node.name, []).append(index)
-        answered = 0
+        answered = failed = 0
         for name, indexes in by_node.items():
-            server = self._client.get_redis_connection(nodes[name])
-            try:
-                node_replies = self._pipeline_on(server, keys, indexes, pack, read, window)
-                answered += 1
-            except BackendUnavailable as error:
-                node_replies = [error] * len(indexes)
+            if self._node_down_until.get(name, 0.0) > time.monotonic():
+                left_alone = BackendUnavailable(f"cluster node {name} failed lately: left alone")
+                node_replies = [left_alone] * len(indexes)
+            else:
+                server = self._client.get_redis_connection(nodes[name])
+                try:
+                    node_replies = self._pipeline_on(server, keys, indexes, pack, read, window)
+                    answered += 1
+                    self._node_down_until.pop(name, None)
+                except BackendUnavailable as error:
+                    node_replies = [error] * len(indexes)
+                    self._node_down_until[name] = time.monotonic() + NODE_COOLDOWN_S
+                    failed += 1
             for index, reply in zip(indexes, node_replies):
                 replies[index] = reply
-        if not answered:
+        if failed and not answered:
             raise BackendUnavailable(
                 f"{redacted(self.settings.url)}: no node of the batch answered"
             )
-        if answered < len(by_node) or any(_moved(reply) for reply in replies):
+        if failed or any(_moved(reply) for reply in replies):
             self._refresh_slots()
         return replies
 

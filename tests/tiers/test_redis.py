@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -358,7 +359,43 @@ def test_a_cluster_spreads_chunks_and_serves_around_a_killed_node(tmp_path):
         assert not reader.breaker_open
 
 
-def test_a_node_that_misses_one_load_serves_the_next(tmp_path):
+def test_a_hung_node_is_left_alone_while_the_others_serve(tmp_path):
+    """A node that stops answering (frozen, or behind a partition) costs one call its timeout;
+    then its keys fail at once for NODE_COOLDOWN_S and the others' keys move (before, every
+    call waited the timeout on it: every lookup came too late, every job waited)."""
+    with redis_cluster(str(tmp_path)) as nodes:
+        keys, _writer, reader = stored_in_cluster(nodes, b"h", 24, 19, socket_timeout_s=0.3)
+        backend = reader.backend
+        hung = nodes[2].port
+        on_hung = {
+            key
+            for key in keys
+            if backend._client.get_node_from_key(backend._prefix + key).port == hung
+        }
+        asked = []
+        pipeline_on = backend._pipeline_on
+
+        def counted(server, *rest):
+            asked.append(server.connection_pool.connection_kwargs["port"])
+            return pipeline_on(server, *rest)
+
+        backend._pipeline_on = counted
+        os.kill(nodes[2].process.pid, signal.SIGSTOP)
+        try:
+            assert backend.exists(keys) == [key not in on_hung for key in keys]
+            assert asked.count(hung) == 1  # found hung, once
+            for _ in range(5):
+                assert backend.exists(keys) == [key not in on_hung for key in keys]
+            job = run(reader, reader.submit_load, 2, keys, range(24))
+            assert set(job.failed_keys) == on_hung and not reader.breaker_open
+            assert asked.count(hung) == 1 and len(asked) > 10  # left alone; the others asked
+        finally:
+            os.kill(nodes[2].process.pid, signal.SIGCONT)
+
+
+def test_a_node_that_misses_one_load_serves_the_next(tmp_path, monkeypatch):
+    """Once it is left alone no longer (a second here): a paused node's keys load again."""
+    monkeypatch.setattr(redis_backend, "NODE_COOLDOWN_S", 1.0)
     with redis_cluster(str(tmp_path)) as nodes:
         keys, writer, reader = stored_in_cluster(nodes, b"p", 32, 16, socket_timeout_s=0.3)
         nodes[2].cli("CLIENT", "PAUSE", "1200", "ALL")
