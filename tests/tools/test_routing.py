@@ -8,30 +8,50 @@ import sys
 
 import pytest
 
-from numbakv.tools.fleet.routing import (
-    ROUND_ROBIN,
-    SESSION,
-    route,
-    session_keys,
-    shared_prefix_length,
-)
+from numbakv.tools.fleet.routing import ROUND_ROBIN, SESSION, route, session_keys
 from numbakv.tools.traces import SAMPLE_TRACES, read_hash_chains
+from numbakv.tools.workloads.core import WORKLOADS
 
 
-def test_the_shared_prefix_names_no_session():
+def test_a_shared_prefix_names_no_session():
     chains = [[0, 1, 2], [0, 1, 3], [0, 4], [0, 4, 5, 6], [0]]
-    assert shared_prefix_length(chains) == 1
     assert session_keys(chains) == [(0, 1), (0, 1), (0, 4), (0, 4), (0,)]
-    assert shared_prefix_length([[1, 2], [3]]) == 0
-    assert session_keys([[1, 2], [1, 3], [4]]) == [(1,), (1,), (4,)]
-    assert shared_prefix_length([]) == 0
+    assert session_keys([[1, 2], [1, 3], [4], []]) == [(1, 2), (1, 3), (4,), ()]
+    assert session_keys([]) == []
+
+
+def test_each_system_prompt_s_conversations_are_sessions_of_their_own():
+    """Two prompts, each opening several conversations of a few turns: a session per
+    conversation (before, a trace's chains sharing no prefix keyed on their first block: one
+    session per prompt, every conversation of a prompt on one engine)."""
+    chains = [
+        [prompt, prompt + 1, 100 * prompt + conversation, *range(1000, 1000 + turn)]
+        for turn in range(3)
+        for prompt in (10, 20)
+        for conversation in range(5)
+    ]
+    assert len(set(session_keys(chains))) == 10
+
+
+def test_one_odd_request_moves_no_session():
+    """An empty chain (or any chain sharing nothing) once re-keyed the whole trace on its first
+    block, and sent it to one engine."""
+    chains = read_hash_chains(SAMPLE_TRACES["mooncake_conversation"])[:3000]
+    assert route([*chains, []], 4)[:3000] == route(chains, 4)
 
 
 def test_the_conversation_trace_has_7373_sessions():
-    """docs/TIERS.md, "Sizing a fleet": every request begins with block 0."""
+    """docs/TIERS.md, "Routing and sessions": every request begins with block 0."""
     chains = read_hash_chains(SAMPLE_TRACES["mooncake_conversation"])
-    assert shared_prefix_length(chains) == 1
     assert len(set(session_keys(chains))) == 7373
+    assert [route(chains, 4).count(engine) for engine in range(4)] == [2978, 2975, 3171, 2907]
+
+
+@pytest.mark.parametrize("kind", ["chat", "mixed"])
+def test_the_workloads_sessions_spread_over_the_engines(kind):
+    chains = [request.hash_ids for request in WORKLOADS[kind](seed=0)]
+    per_engine = [route(chains, 4).count(engine) for engine in range(4)]
+    assert max(per_engine) < 1.25 * len(chains) / 4, per_engine
 
 
 def test_a_session_stays_on_one_engine():

@@ -2,10 +2,11 @@
 
 Mooncake's traces carry no session or user id, so the session a request belongs to is read from
 its chain of block ids: a conversation's later turns repeat its earlier prompt, so they begin with
-the same blocks. Every chain of a trace may also begin with a prefix all requests share (the
-conversation trace's block 0, a system prompt): that prefix names no conversation. A request's
-session key is therefore its chain up to and including the first block past the prefix every
-request shares (docs/TIERS.md, "Sizing a fleet").
+the same blocks, one path in the trie of the trace's chains. Where chains part, past a prefix
+several requests share (a system prompt: the conversation trace's block 0, or each of a workload's
+prompts), the next block names a conversation. A request's session key is therefore its chain up
+to and including the block after the first place its chain parts from another's; a chain that
+parts from none below its first block keys on that block (docs/TIERS.md, "Routing and sessions").
 """
 
 from __future__ import annotations
@@ -18,24 +19,24 @@ ROUND_ROBIN = "round-robin"
 ROUTES = (SESSION, ROUND_ROBIN)
 
 
-def shared_prefix_length(chains: Sequence[Sequence[int]]) -> int:
-    """How many leading block ids every chain has in common (0 for no chains)."""
-    if not chains:
-        return 0
-    first = chains[0]
-    length = min(map(len, chains))
-    for chain in chains:
-        for position in range(length):
-            if chain[position] != first[position]:
-                length = position
-                break
-    return length
-
-
 def session_keys(chains: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    """Each request's session: its chain up to the first block past the trace's shared prefix."""
-    depth = shared_prefix_length(chains) + 1
-    return [tuple(chain[:depth]) for chain in chains]
+    """Each request's session: its chain up to and including the block after the first block
+    past which the trace's chains part (its first block where none do)."""
+    trie: dict = {}
+    for chain in chains:
+        node = trie
+        for block in chain:
+            node = node.setdefault(block, {})
+    keys = []
+    for chain in chains:
+        node, key = trie, tuple(chain[:1])
+        for depth, block in enumerate(chain):
+            node = node[block]
+            if len(node) > 1:  # chains part here: the next block names a conversation
+                key = tuple(chain[: depth + 2])
+                break
+        keys.append(key)
+    return keys
 
 
 def route(chains: Sequence[Sequence[int]], engines: int, how: str = SESSION) -> list[int]:
