@@ -50,6 +50,7 @@ class TTFTProfile:
     prefill: tuple[tuple[int, float], ...]
     loads: Mapping[str, tuple[tuple[int, float], ...]]
     forward_floor_ms: float
+    kv_bytes_per_token: int | None = None  # the model's, where the profile says
 
     @classmethod
     def read(cls, path: str | Path) -> TTFTProfile:
@@ -63,6 +64,20 @@ class TTFTProfile:
         rows = document.get("rows") if isinstance(document, dict) else None
         if not isinstance(rows, list):
             raise ProfileError("expected benchmarks/ttft.py's JSON, an object with a 'rows' list")
+        if document.get("simulator") is True:
+            raise ProfileError(
+                "measured without a GPU (the CPU and Numba's CUDA simulator), whose times are no "
+                "GPU's: measure it on the GPU at hand"
+            )
+        kv_bytes_per_token = document.get("kv_bytes_per_token")
+        if kv_bytes_per_token is not None and (
+            isinstance(kv_bytes_per_token, bool)
+            or not isinstance(kv_bytes_per_token, int)
+            or kv_bytes_per_token < 1
+        ):
+            raise ProfileError(
+                f"kv_bytes_per_token must be a whole number >= 1, got {kv_bytes_per_token!r}"
+            )
         points: dict[str, dict[int, float]] = {name: {} for name in _PROFILE_PATHS}
         floors = []
         for number, row in enumerate(rows, start=1):
@@ -88,6 +103,7 @@ class TTFTProfile:
                 if tier
             },
             forward_floor_ms=min(floors),
+            kv_bytes_per_token=kv_bytes_per_token,
         )
 
     def prefill_ms(self, tokens: np.ndarray) -> np.ndarray:
@@ -125,9 +141,11 @@ def _checked_row(number: int, row: object) -> tuple[str | None, int, float, floa
 
 
 def _piecewise(x: np.ndarray, points: Sequence[tuple[int, float]]) -> np.ndarray:
-    """Linear through (0, 0) and `points`; past the last point along the last segment."""
+    """Linear through (0, 0) and `points`, past the last point along the last segment; never
+    decreasing: a point measured faster than a shorter one (noise) counts as the shorter's time,
+    so no longer prompt is faster and no time negative."""
     xs = np.array([0.0] + [p[0] for p in points])
-    ys = np.array([0.0] + [p[1] for p in points])
+    ys = np.maximum.accumulate(np.array([0.0] + [p[1] for p in points]))
     x = np.asarray(x, dtype=np.float64)
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
     return np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + (x - xs[-1]) * slope)
@@ -226,9 +244,18 @@ def read_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> T
     if args.ttft_profile is None:
         return None
     try:
-        return TTFTProfile.read(args.ttft_profile)
+        profile = TTFTProfile.read(args.ttft_profile)
     except ProfileError as error:
         parser.error(f"argument --ttft-profile: got {args.ttft_profile!r}: {error}")
+    per_token, block_bytes = profile.kv_bytes_per_token, args.block_bytes
+    if per_token and block_bytes and per_token * args.block_tokens != block_bytes:
+        parser.error(
+            f"argument --ttft-profile: got {args.ttft_profile!r}: its model holds {per_token:,} "
+            f"bytes of KV a token, {per_token * args.block_tokens:,} a block of "
+            f"{args.block_tokens} tokens, but --block-bytes is {block_bytes:,}: a profile of "
+            "another model (or give --block-tokens)"
+        )
+    return profile
 
 
 def describe_profile(profile: TTFTProfile, block_tokens: int) -> str:
@@ -274,6 +301,7 @@ def print_worth(
     block_tokens: int,
     labels: Sequence[str],
     reports: Sequence[TTFTReport | None],
+    requests: int,
     out: TextIO,
 ) -> None:
     """The report of one run (its lines) or several (a table), after the profile's line."""
@@ -282,7 +310,7 @@ def print_worth(
         for line in format_worth(reports[0]):
             print(line, file=out)
     else:
-        print(format_worth_table(labels, reports), file=out)
+        print(format_worth_table(labels, reports, requests), file=out)
 
 
 def format_worth(report: TTFTReport) -> list[str]:
@@ -310,18 +338,23 @@ def format_worth(report: TTFTReport) -> list[str]:
     return lines
 
 
-def format_worth_table(labels: Sequence[str], reports: Sequence[TTFTReport | None]) -> str:
+def format_worth_table(
+    labels: Sequence[str], reports: Sequence[TTFTReport | None], requests: int
+) -> str:
     """One row per run: the prefill GPU time saved and TTFT at p50 and p99; a dash for a run with
-    no report (Belady's MIN keeps no per-request hits)."""
+    no report (Belady's MIN keeps no per-request hits); `*` and a note for a run cut short before
+    the trace's `requests`, whose figures are its first requests'."""
     header = ["run", "GPU s saved", "saved", "TTFT p50 ms", "TTFT p99 ms"]
     rows = []
+    partial = [report for report in reports if report is not None and report.requests < requests]
+    cut_short = {id(report) for report in partial}
     for label, report in zip(labels, reports):
         if report is None:
             rows.append([label, "-", "-", "-", "-"])
             continue
         rows.append(
             [
-                label,
+                label + ("*" if id(report) in cut_short else ""),
                 f"{report.prefill_s_saved:,.1f}",
                 _share(report.prefill_s_saved, report.prefill_s_without_cache),
                 f"{report.ttft_ms['p50']:,.1f}",
@@ -329,7 +362,8 @@ def format_worth_table(labels: Sequence[str], reports: Sequence[TTFTReport | Non
             ]
         )
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    first = next((report for report in reports if report is not None), None)
+    whole = [report for report in reports if report is not None and id(report) not in cut_short]
+    first = next(iter(whole or partial), None)  # the header's figures: a whole run's
     lines = ["prefill GPU time saved and time to first token by run"]
     if first is not None:
         lines[0] += (
@@ -342,6 +376,8 @@ def format_worth_table(labels: Sequence[str], reports: Sequence[TTFTReport | Non
             cells[0].ljust(widths[0] + 2)
             + "".join(cell.rjust(width + 2) for cell, width in zip(cells[1:], widths[1:]))
         )
+    for report in partial:
+        lines.append(f"* partial: its first {report.requests:,} of {requests:,} requests")
     return "\n".join(lines)
 
 
@@ -358,7 +394,7 @@ def report_worth(
     if profile is None:
         return None
     worth = runs_worth(profile, chains, request_hits[: len(labels)], block_tokens)
-    print_worth(profile, block_tokens, labels, worth, out)
+    print_worth(profile, block_tokens, labels, worth, len(chains), out)
     return worth
 
 

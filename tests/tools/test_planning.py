@@ -25,6 +25,9 @@ def test_parse_capacity() -> None:
     assert parse_capacity("64GiB", block_bytes=2**20) == Capacity(64 * 1024, "64", "GiB")
     assert parse_capacity("1.5gb", block_bytes=10**6) == Capacity(1500, "1.5", "GB")
     assert parse_capacity("64GiB", block_bytes=2**20).label == "64 GiB"
+    # exact decimals: in floats, 2.05 GB / 50 MB came to 40.99... blocks, and 4.1 MB was no
+    # whole number of bytes
+    assert parse_capacity("2.05GB", block_bytes=50 * 10**6).blocks == 41
     with pytest.raises(ValueError, match="--block-bytes"):
         parse_capacity("64GiB")
     for bad in ("12 parsecs", "-3", "1.5", "0", "1KiB"):
@@ -34,6 +37,7 @@ def test_parse_capacity() -> None:
 
 def test_parse_block_bytes_and_labels() -> None:
     assert parse_block_bytes("2097152") == parse_block_bytes("2MiB") == 2**21
+    assert parse_block_bytes("4.1MB") == 4_100_000 and parse_block_bytes("16.1kB") == 16_100
     for bad in ("0", "0.5", "2 apples", "-1"):
         with pytest.raises(ValueError, match="got"):
             parse_block_bytes(bad)

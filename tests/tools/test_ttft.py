@@ -97,12 +97,18 @@ def test_bad_arguments_are_one_line_and_exit_2(ttft, capsys, argv, message):
 
 
 def test_the_report_is_a_profile_the_replay_reads(report, tmp_path):
-    from numbakv.tools.ttft_profile import TTFTProfile
+    """Measured on a GPU; one measured without (here, on the CPU) is refused, saying so."""
+    from numbakv.tools.ttft_profile import ProfileError, TTFTProfile
 
     path = tmp_path / "ttft.json"
-    path.write_text(json.dumps(report))
+    path.write_text(json.dumps({**report, "simulator": False}))
     profile = TTFTProfile.read(path)
     assert profile.prefill[0][0] == 256 and set(profile.loads) == {"host", "disk"}
+    assert profile.kv_bytes_per_token == report["kv_bytes_per_token"]
+    if report["simulator"]:
+        path.write_text(json.dumps(report))
+        with pytest.raises(ProfileError, match="measured without a GPU"):
+            TTFTProfile.read(path)
 
 
 def test_graph_forward_passes_without_a_gpu_are_one_line_and_exit_2(ttft, capsys, monkeypatch):

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from numbakv.tools.fleet.core import FleetConfig, fleet_grid
 from numbakv.tools.replay.command import main
 from numbakv.tools.replay.core import replay_grid
-from numbakv.tools.ttft_profile import DISK, HOST, SHARED, ProfileError, TTFTProfile, worth
+from numbakv.tools.ttft_profile import (
+    DISK,
+    HOST,
+    SHARED,
+    ProfileError,
+    TTFTProfile,
+    format_worth_table,
+    worth,
+)
 from numbakv.tools.workloads.core import multi_turn_chat
 
 ROWS = [
@@ -128,6 +136,8 @@ def test_a_request_counts_under_the_lowest_tier_that_served_it(profile):
         (json.dumps({"rows": [{**ROWS[2], "ok": False}, *ROWS]}), "failed its check"),
         (json.dumps({"rows": [{**ROWS[2], "prefix_tokens": "9"}, *ROWS]}), "prefix_tokens must be"),
         (json.dumps({"rows": [{**ROWS[2], "forward_ms": None}, *ROWS]}), "forward_ms must be > 0"),
+        (json.dumps({"rows": ROWS, "simulator": True}), "measured without a GPU"),
+        (json.dumps({"rows": ROWS, "kv_bytes_per_token": 0}), "kv_bytes_per_token must be"),
     ],
 )
 def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys, content, message):
@@ -152,6 +162,48 @@ def test_a_missing_profile_and_a_bad_block_size_are_one_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_profile_of_another_model_than_the_block_size_says_is_one_line(tmp_path, capsys):
+    profile = str(_profile_file(tmp_path, kv_bytes_per_token=131072))
+    argv = ["--ttft-profile", profile, "--block-tokens", "16", "--block-bytes", "1MiB"]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    assert "131,072 bytes of KV a token, 2,097,152 a block of 16 tokens" in err[0]
+    assert main([*argv[:4], "--block-bytes", "2MiB", "--capacity", "200"]) == 0
+
+
+def test_a_profile_measured_faster_at_more_tokens_never_gives_a_negative_time(tmp_path):
+    """Noise: the longer prompt measured faster. Its curve stays flat there, and every figure of
+    a request stays >= 0 (before: TTFT p50 -49.5 ms, prefill saved of -0.2 s)."""
+    rows = [
+        {"path": "recompute", "prompt_tokens": 1024, "ttft_ms": 100.0},
+        {"path": "recompute", "prompt_tokens": 2048, "ttft_ms": 90.0},
+        {"path": "numbakv", "prefix_tokens": 512, "load_ms": 5.0, "forward_ms": 10.0},
+        {"path": "numbakv", "prefix_tokens": 1536, "load_ms": 4.0, "forward_ms": 10.0},
+        {"path": "disk", "prefix_tokens": 512, "load_ms": 9.0, "forward_ms": 10.0},
+        {"path": "disk", "prefix_tokens": 1536, "load_ms": 8.0, "forward_ms": 10.0},
+    ]
+    profile = TTFTProfile.read(_profile_file(tmp_path, rows=rows))
+    tokens = np.arange(0, 40_000, 16)
+    for curve in (profile.prefill_ms(tokens), profile.load_ms(HOST, tokens)):
+        assert (np.diff(curve) >= 0).all() and (curve >= 0).all()
+    report = worth(profile, np.array([40, 2000, 2500]), {HOST: np.array([39, 1900, 0])}, 16)
+    assert report.ttft_ms["p50"] > 0 and report.prefill_s_without_cache > 0
+    assert 0 <= report.prefill_s_saved <= report.prefill_s_without_cache
+
+
+def test_a_run_cut_short_is_marked_in_the_table(profile):
+    whole = worth(profile, np.array([40, 80, 120]), {HOST: np.array([0, 40, 80])}, 16)
+    cut = worth(profile, np.array([40]), {HOST: np.array([0])}, 16)
+    table = format_worth_table(["lru at 100", "lru at 200"], [cut, whole], requests=3)
+    lines = table.splitlines()
+    assert lines[2].startswith("lru at 100* ") and lines[3].startswith("lru at 200 ")
+    assert lines[-1] == "* partial: its first 1 of 3 requests"
+    without = whole.prefill_s_without_cache
+    assert f"without the cache: {without:,.1f} GPU s" in lines[0]  # the whole run's
 
 
 CHAINS = [request.hash_ids for request in multi_turn_chat(sessions=60)]

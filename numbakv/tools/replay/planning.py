@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from numbakv.tools.plots import Line, plot_hit_ratio_lines
 from numbakv.tools.replay.belady import BELADY
@@ -65,8 +66,8 @@ def parse_size(text: str, what: str) -> tuple[str, str]:
 def parse_block_bytes(text: str) -> int:
     """Bytes of one KV block: `2097152` or `2MiB`."""
     number, unit = parse_size(text, "a whole number of bytes (2097152) or a size (2MiB)")
-    size = float(number) * BYTE_UNITS[unit or "B"]
-    if size < 1 or size != int(size):
+    size = Fraction(number) * BYTE_UNITS[unit or "B"]  # exact: 4.1MB is 4,100,000 bytes
+    if size < 1 or size.denominator != 1:
         raise ValueError(f"got {text!r}, expected a whole number of bytes >= 1")
     return int(size)
 
@@ -81,7 +82,7 @@ def parse_capacity(text: str, block_bytes: int | None = None) -> Capacity:
     elif block_bytes is None:
         raise ValueError(f"got {text!r}, a size: give --block-bytes too")
     else:
-        capacity = Capacity(int(float(number) * BYTE_UNITS[unit]) // block_bytes, number, unit)
+        capacity = Capacity(int(Fraction(number) * BYTE_UNITS[unit] // block_bytes), number, unit)
     if capacity.blocks < 1:
         raise ValueError(f"got {text!r}, expected at least one block")
     if capacity.blocks > MAX_BLOCKS:
