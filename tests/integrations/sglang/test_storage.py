@@ -176,39 +176,46 @@ def test_mla_pages_are_shared_by_every_rank_and_tp_size(tmp_path):
     reader.close()
 
 
-def test_the_ranks_of_one_model_keep_the_directory_within_bytes_to_use(tmp_path):
-    """Each TP rank's heads are a namespace of their own, a directory each: they share the
-    bound, so the model's pages keep at most `bytes_to_use` in all."""
+def bounded_at_four_files(tmp_path) -> dict:
+    """An extra config whose directory keeps four page files in all."""
     probe = backend(
         storage_config({"tier": f"dir:{tmp_path / 'probe'}", "bytes_to_use": 1 << 30}),
         host_pool("page_first"),
     )
     file_bytes = probe.pages._shards[0].tier.backend.file_bytes
     probe.close()
-    extra = {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": 4 * file_bytes, "interface_v1": 1}
+    return {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": 4 * file_bytes, "interface_v1": 1}
+
+
+def store_four_pages_two_a_batch(storage, pool, first_key: int) -> None:
+    """Two batches of two pages: a share of two files keeps the last batch."""
+    for first in (0, 2):
+        pages = keys(2, first=first_key + first)
+        stored = storage.batch_set_v1(pages, page_indices([first, first + 1], pool.page_size))
+        assert stored == [True, True]
+
+
+def page_files(tmp_path) -> int:
+    return sum(len(files) for _, _, files in os.walk(tmp_path / "kv"))
+
+
+def test_the_ranks_of_one_model_keep_the_directory_within_bytes_to_use(tmp_path):
+    """Each TP rank's heads are a namespace of their own, a directory each: they share the
+    bound, so the model's pages keep at most `bytes_to_use` in all."""
+    extra = bounded_at_four_files(tmp_path)
     for rank in range(2):
         pool = host_pool("page_first", seed=rank)
         ranked = backend(storage_config(extra, tp_rank=rank, tp_size=2), pool)
-        for first in (0, 2):  # two pages a batch: the rank's share is two files
-            pages = keys(2, first=first)
-            stored = ranked.batch_set_v1(pages, page_indices([first, first + 1], pool.page_size))
-            assert stored == [True, True]
+        store_four_pages_two_a_batch(ranked, pool, first_key=0)
         ranked.close()
-    on_disk = [f for _, _, files in os.walk(tmp_path / "kv") for f in files]
-    assert len(on_disk) == 4
+    assert page_files(tmp_path) == 4
 
 
 def test_attention_dp_groups_keep_the_directory_within_bytes_to_use(tmp_path):
     """Under DP attention (two groups, set through SGLang's own test overrides), rank 0 of each
     group opens the same namespace: each keeps half the bound (before, each kept all of it, and
     the directory twice `bytes_to_use`)."""
-    probe = backend(
-        storage_config({"tier": f"dir:{tmp_path / 'probe'}", "bytes_to_use": 1 << 30}),
-        host_pool("page_first"),
-    )
-    file_bytes = probe.pages._shards[0].tier.backend.file_bytes
-    probe.close()
-    extra = {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": 4 * file_bytes, "interface_v1": 1}
+    extra = bounded_at_four_files(tmp_path)
     pools = [host_pool("page_first", seed=dp_rank) for dp_rank in range(2)]
     with get_parallel().override(attn_dp_size=2), get_flags().dp.override(enabled=True):
         groups = [  # both open at once, as a server's groups start
@@ -216,14 +223,10 @@ def test_attention_dp_groups_keep_the_directory_within_bytes_to_use(tmp_path):
             for dp_rank, pool in enumerate(pools)
         ]
     for dp_rank, (group, pool) in enumerate(zip(groups, pools)):
-        for first in (0, 2):  # two pages a batch: the group's share is two files
-            pages = keys(2, first=4 * dp_rank + first)
-            stored = group.batch_set_v1(pages, page_indices([first, first + 1], pool.page_size))
-            assert stored == [True, True]
+        store_four_pages_two_a_batch(group, pool, first_key=4 * dp_rank)
     for group in groups:
         group.close()
-    on_disk = [f for _, _, files in os.walk(tmp_path / "kv") for f in files]
-    assert len(on_disk) == 4
+    assert page_files(tmp_path) == 4
 
 
 def test_tp_lcm_size_shares_head_groups_between_tp4_and_tp8(tmp_path):
