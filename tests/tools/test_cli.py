@@ -108,6 +108,7 @@ BAD_INPUT = [
     (demo.main, ["--head-size", "1.5"], ["--head-size", "'1.5'"]),
     (demo.main, ["--requests", "0"], ["--requests", "'0'"]),
     (demo.main, ["--mode", "sideways"], ["--mode", "'sideways'", "eager"]),
+    (demo.main, ["--tiering", "write-through"], ["--tiering", "give --tier with it"]),
     (demo.main, ["--policy", "nope"], ["--policy", "'nope'", "sarc"]),
     (demo.main, ["--policy", "belady"], ["--policy", "'belady'", "replay-only"]),
     (demo.main, ["--trace", "missing.jsonl"], ["--trace", "'missing.jsonl'"]),

@@ -149,10 +149,10 @@ def _parser() -> Parser:
     parser.add_argument(
         "--tiering",
         choices=TIERINGS,
-        default=defaults.tiering,
-        help="how blocks reach the tier below: demote (a block evicted from host memory moves "
-        "down, and what host memory still holds when an engine finishes is flushed down) or "
-        "write-through (every stored block is copied down at once) (default: %(default)s)",
+        help="with --tier, how blocks reach the tier below: demote (a block evicted from host "
+        "memory moves down, and what host memory still holds when an engine finishes is flushed "
+        "down) or write-through (every stored block is copied down at once) (default: "
+        f"{defaults.tiering})",
     )
     parser.add_argument(
         "--json",
@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = vars(parser.parse_args(argv))
     as_json = args.pop("json")
+    if args["tiering"] is None:
+        args["tiering"] = DemoConfig.tiering
+    elif args["tier"] is None:
+        parser.error("argument --tiering: shapes the tier below host memory; give --tier with it")
     config = DemoConfig(**args)
     _check(parser, config)
     if config.tier is not None and (
