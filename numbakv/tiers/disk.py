@@ -221,14 +221,14 @@ class DiskBackend(ChunkBackend):
 
     def read_into(
         self, keys: Sequence[bytes], payloads: Sequence[memoryview], header_bytes: int
-    ) -> list[StoredValue | None]:
+    ) -> list[StoredValue | BackendUnavailable | None]:
         seen, on_disk, evicted = self._changes, self._on_disk(keys), []
         with self._lock:
             ready = self._reconcile(keys, on_disk, seen, evicted)
             pinned = [key for key, there in zip(keys, ready) if there]
             self._index.prepare_load(pinned)  # a file being read is never evicted
         self._unlink(evicted)
-        values: list[StoredValue | None] = [None] * len(keys)
+        values: list[StoredValue | BackendUnavailable | None] = [None] * len(keys)
         wanted = [position for position, there in enumerate(ready) if there]
         try:
             found = self._spread(
