@@ -36,11 +36,18 @@ class NumbaKVDiskTier(ChunkTierManager):
         """Chunks stored, and chunk files the disk index removed (evicted, damaged, gone), in the
         order that leaves each chunk's last event true of the directory now: a file removed and
         stored again since the last call is reported removed before the stores, one still gone
-        after them."""
-        removed = self.tier.backend.take_removed()
-        back = self.tier.backend.indexed(removed)
+        after them. A store is announced when vLLM collects its job, which may be after its file
+        was removed and announced so: a chunk no longer indexed then is left out of it."""
+        backend = self.tier.backend
+        removed = backend.take_removed()
+        back = backend.indexed(removed)
         yield from self._removed([key for key, there in zip(removed, back) if there])
-        yield from super().take_events()
+        for event in super().take_events():
+            kept = [key for key, there in zip(event.keys, backend.indexed(event.keys)) if there]
+            if kept:
+                yield OffloadingEvent(
+                    keys=kept, medium=event.medium, removed=False, locality=event.locality
+                )
         yield from self._removed([key for key, there in zip(removed, back) if not there])
 
     def _removed(self, keys: list) -> Iterable[OffloadingEvent]:

@@ -118,6 +118,24 @@ def test_a_file_removed_then_stored_again_is_reported_in_that_order(tmp_path):
     manager.shutdown()
 
 
+def test_a_store_collected_after_its_file_went_announces_nothing(tmp_path):
+    """The store's job is collected a step after its file's removal was announced: announcing it
+    then made the chunk's last event a store, of a file no longer there."""
+    spec, manager, tier = engine_with_events(tmp_path, "late", files=3)
+    chunks = keys_of("l", 2)
+    store(spec, "r1", chunks)
+    list(manager.take_events())
+    tier.submit_store(manager.create_store_job(chunks, ReqContext(req_id="r2"), 0))
+    tier.tier.drain()  # done, not yet collected
+    tier.tier.backend.delete(chunks[:1])  # its file goes (damaged, say)
+    removed = [e.keys for e in manager.take_events() if e.medium == tier.medium and e.removed]
+    assert removed == [chunks[:1]]
+    manager.on_schedule_end(STEP)  # collects the store
+    stored = [e.keys for e in manager.take_events() if e.medium == tier.medium]
+    assert stored == [chunks[1:]]
+    manager.shutdown()
+
+
 def test_a_store_that_failed_in_part_announces_nothing(tmp_path, monkeypatch):
     """As vLLM's own file tier: a store job with a failed chunk emits no event at all."""
     spec, manager, tier = engine_with_events(tmp_path, "partial")
