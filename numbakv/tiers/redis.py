@@ -81,11 +81,11 @@ send buffer; the bound keeps the unread replies within the socket's receive buff
 CLEAR_BATCH = 1000
 """Keys a SCAN step asks for, and deleted by one pipeline, when a namespace is cleared."""
 STRIPE_BYTES = 8 << 20
+"""The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 NODE_COOLDOWN_S = 5.0
 """How long a cluster node that failed to answer is left alone, its keys' commands failing at once,
 before a call asks it again: a hung node cost every call socket_timeout_s, and its keys' misses
 made the other nodes' keys late too."""
-"""The least bytes of chunks a stripe of a batch moves: less is not worth a connection's turn."""
 # What redis-py raises when a server does not answer (a cluster's own errors are not RedisErrors).
 _UNREACHABLE = (RedisError, RedisClusterException, OSError)
 # Policies under which a full server refuses writes to keys without a TTL.
@@ -240,11 +240,15 @@ class RedisSettings:
 
 _DEFAULTS = {field.name: field.default for field in fields(RedisSettings)}
 MAX_TTL_S = 100 * 365 * 86400
+"""The longest `ttl_s`, a century: far longer and the server refuses the expiry, dropping every
+store."""
 MAX_TIMEOUT_S = 3600.0
+"""The longest `socket_timeout_s` and `connect_timeout_s`: far longer overflows the client's clock."""
 _CERT_REQS = ("none", "optional", "required")
 
 
 def _at_most(name: str, value: float, bound: float, said: str) -> None:
+    """Raise ValueError naming `name` where `value` is past `bound` (`said` in words)."""
     if value > bound:
         raise ValueError(f"{name} must be at most {bound:g} seconds ({said}), got {value:g}")
 

@@ -346,15 +346,13 @@ def format_worth_table(
     the trace's `requests`, whose figures are its first requests'."""
     header = ["run", "GPU s saved", "saved", "TTFT p50 ms", "TTFT p99 ms"]
     rows = []
-    partial = [report for report in reports if report is not None and report.requests < requests]
-    cut_short = {id(report) for report in partial}
     for label, report in zip(labels, reports):
         if report is None:
             rows.append([label, "-", "-", "-", "-"])
             continue
         rows.append(
             [
-                label + ("*" if id(report) in cut_short else ""),
+                label + ("*" if report.requests < requests else ""),
                 f"{report.prefill_s_saved:,.1f}",
                 _share(report.prefill_s_saved, report.prefill_s_without_cache),
                 f"{report.ttft_ms['p50']:,.1f}",
@@ -362,7 +360,9 @@ def format_worth_table(
             ]
         )
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    whole = [report for report in reports if report is not None and id(report) not in cut_short]
+    reported = [report for report in reports if report is not None]
+    partial = [report for report in reported if report.requests < requests]
+    whole = [report for report in reported if report.requests == requests]
     first = next(iter(whole or partial), None)  # the header's figures: a whole run's
     lines = ["prefill GPU time saved and time to first token by run"]
     if first is not None:
