@@ -550,6 +550,29 @@ def test_a_store_that_fails_midway_leaves_no_key_half_stored(tmp_path, stripes):
     assert backend.used_files() == 2
 
 
+def test_a_failed_file_is_raised_only_once_every_other_stripe_has_ended(tmp_path, monkeypatch):
+    """The rows of a failed batch go back to the caller: no stripe may still be writing from one."""
+    ended = []
+    real = DiskBackend._write_file
+
+    def slow(self, key, header, payload):
+        time.sleep(0.05)
+        written = real(self, key, header, payload)
+        ended.append(key)
+        return written
+
+    monkeypatch.setattr(DiskBackend, "_write_file", slow)
+    backend = DiskBackend(
+        DiskSettings(tmp_path, 8 * FILE_BYTES, stripes=4), namespace(), CHUNK_BYTES
+    )
+    pool = aligned_pool(4, 13)
+    keys, payloads = KEYS[:4], [memoryview(row) for row in pool]
+    headers = [encode_header(namespace().digest, b"w" * 8, p, k) for k, p in zip(keys, payloads)]
+    with pytest.raises(RuntimeError, match="no header"):
+        backend.write(keys, FailingHeaders(headers), payloads)
+    assert sorted(ended) == sorted(keys[:3])
+
+
 @pytest.mark.parametrize(
     "arguments, error, named",
     [
