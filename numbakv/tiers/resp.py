@@ -41,14 +41,17 @@ def command(*arguments: bytes) -> list[bytes]:
 
 
 def set_command(key: bytes, header: bytes, payload: memoryview, ttl_ms: int | None) -> list:
-    """`SET key header+payload [PX ttl_ms]` as buffers, the payload as it lies (no copy)."""
+    """`SET key header+payload [PX ttl_ms]` as buffers, the payload as it lies (no copy): three
+    buffers a chunk, the header packed with the command's prefix."""
     options = () if ttl_ms is None else (b"PX", b"%d" % ttl_ms)
-    head = b"*%d\r\n%s$%d\r\n" % (
+    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s" % (
         3 + len(options),
-        _bulk_strings((b"SET", key)),
+        len(key),
+        key,
         len(header) + payload.nbytes,
+        header,
     )
-    return [head, header, payload, b"\r\n" + _bulk_strings(options)]
+    return [head, payload, b"\r\n" + _bulk_strings(options) if options else b"\r\n"]
 
 
 def _bulk_strings(arguments: Sequence[bytes]) -> bytes:
@@ -68,7 +71,9 @@ def send(
     size = 0
     for buffers in commands:
         for buffer in buffers:
-            view = memoryview(buffer).cast("B")
+            view = memoryview(buffer)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
             group.append(view)
             size += view.nbytes
         if size >= SEND_BYTES:
