@@ -3,12 +3,12 @@ comes back into it, with no copy in between.
 
 redis-py packs a command's arguments into one new bytes object, and reads a reply into its buffer,
 hiredis's and then a new bytes object: for chunks of megabytes those copies, and the page faults of
-allocating them, cost more than the socket. Here a `SET` is its RESP prefix, the chunk's header and
-the row as they lie, handed to the kernel by one `sendmsg` for about 4 MiB of commands (TLS
-sockets take them one `sendall` each), and a `GET`'s value is read with `recv_into` straight into
-the row. The connection itself (its pool, TLS, AUTH and ACL, the database, a cluster's nodes)
-stays redis-py's: only commands and replies pass here, on a connection that has nothing else under
-way.
+allocating them, cost more than the socket. Here a `SET` is its RESP prefix packed with the
+chunk's header, then the row as it lies, handed to the kernel by one `sendmsg` for about 4 MiB of
+commands (TLS sockets take them one `sendall` each), and a `GET`'s value is read with `recv_into`
+straight into the row. The connection itself (its pool, TLS, AUTH and ACL, the database, a
+cluster's nodes) stays redis-py's: only commands and replies pass here, on a connection that has
+nothing else under way.
 """
 
 from __future__ import annotations
