@@ -51,7 +51,7 @@ def set_command(key: bytes, header: bytes, payload: memoryview, ttl_ms: int | No
         len(header) + payload.nbytes,
         header,
     )
-    return [head, payload, b"\r\n" + _bulk_strings(options) if options else b"\r\n"]
+    return [head, payload, b"\r\n" + (_bulk_strings(options) if options else b"")]
 
 
 def _bulk_strings(arguments: Sequence[bytes]) -> bytes:
