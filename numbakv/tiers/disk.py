@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from numbakv.checks import positive
+from numbakv.checks import byte_size, positive
 from numbakv.manager import MAX_SIZE, CPUOffloadingManager
 from numbakv.policies import resolve_policy
 from numbakv.tiers.backend import BackendUnavailable, ChunkBackend, Occupancy, StoredValue
@@ -55,7 +55,8 @@ class DiskSettings:
     """Where the chunk files go and how many may stay; checked when built.
 
     `root_dir`: the directory (chunks go under `root_dir`/<namespace digest>/). `bytes_to_use`: the
-    most bytes of chunk files kept. `cache_policy`: any numbakv policy name or import path, which
+    most bytes of chunk files kept, an int or a size with a unit (`500GiB`, `2TB`; an int once
+    built). `cache_policy`: any numbakv policy name or import path, which
     picks what to evict past the bound. `track_removals`: remember the keys of files removed, for
     `DiskBackend.take_removed` (vLLM's KV events). `stripes`: the threads one batch's files are
     read or written on at once, so that one request's chunks reach the disk together (the queue
@@ -63,7 +64,7 @@ class DiskSettings:
     """
 
     root_dir: str | os.PathLike
-    bytes_to_use: int
+    bytes_to_use: int | str
     cache_policy: str = "lru"
     track_removals: bool = False
     stripes: int = 8
@@ -73,9 +74,7 @@ class DiskSettings:
             raise ValueError(f"root_dir must be a directory's path, got {self.root_dir!r}")
         # `~/kvcache` in a configuration means the home directory, not a folder named `~` here
         object.__setattr__(self, "root_dir", os.path.expanduser(self.root_dir))
-        object.__setattr__(
-            self, "bytes_to_use", positive("bytes_to_use", self.bytes_to_use, integer=True)
-        )
+        object.__setattr__(self, "bytes_to_use", byte_size("bytes_to_use", self.bytes_to_use))
         resolve_policy(self.cache_policy)
         if not isinstance(self.track_removals, bool):
             raise TypeError(f"track_removals must be true or false, got {self.track_removals!r}")

@@ -43,10 +43,11 @@ def settings_from(cls: type[Settings], values: Mapping[str, Any], what: str) -> 
 
 def from_text(cls: type, name: str, text: str) -> Any:
     """The text of setting `name` of `cls` (a URL query's value) as the field's type: bool, int,
-    float or str; the value's own checks are the settings object's."""
+    float or str; the value's own checks are the settings object's. A field that takes a str among
+    other kinds (`int | str`: a byte size such as `64GiB`) takes the text as it is."""
     kind = typing.get_type_hints(cls)[name]
-    if isinstance(kind, types.UnionType):  # `float | None`, `str | os.PathLike`: the first kind
-        kind = typing.get_args(kind)[0]
+    if isinstance(kind, types.UnionType):  # `float | None`: the first kind
+        kind = str if str in typing.get_args(kind) else typing.get_args(kind)[0]
     if kind is bool:
         if text.lower() in _TRUE + _FALSE:
             return text.lower() in _TRUE

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import redis
 
-from numbakv.checks import SettingTypeError, positive
+from numbakv.checks import SettingTypeError, byte_size, positive
 from numbakv.tiers import ChunkTier, TierOpenError, open_tier, parse_tier_url, tier_config
 from numbakv.tiers.disk import DiskBackend, DiskSettings
 from tests.support.redis_servers import RedisServer, needs_redis, redis_cluster, redis_server
@@ -62,7 +62,13 @@ def test_a_directory_by_url_round_trips_with_its_query_settings(tmp_path, form, 
         ("s3://bucket", {}, "dir:PATH or redis://"),
         ("dir:/x?bytes_to_use=1048576&ttl=5", {}, "'ttl'"),
         ("dir:/x", {"bytes_to_use": 1 << 20, "ttl_s": 5}, "'ttl_s'; known: breaker_cooldown_s"),
-        ("dir:/x?bytes_to_use=1MiB", {}, "bytes_to_use must be a whole number, got '1MiB'"),
+        ("dir:/x?bytes_to_use=1MiBs", {}, "bytes_to_use: got '1MiBs': unit 'MiBs' is not one"),
+        (
+            "dir:/x?bytes_to_use=0.3KiB&stripes=2",
+            {},
+            "bytes_to_use: got '0.3KiB', expected a whole",
+        ),
+        ("dir:/x", {"bytes_to_use": 1.5}, "bytes_to_use must be a positive int of bytes, or a"),
         ("dir:/x?bytes_to_use=1048576", {"bytes_to_use": 2}, "bytes_to_use is given both"),
         ("dir:/x?io_threads=1&io_threads=2&bytes_to_use=1048576", {}, "io_threads is given twice"),
         ("dir:/x?bytes_to_use=1048576&io_threads=0", {}, "io_threads must be a positive int"),
@@ -91,6 +97,31 @@ def test_every_setting_is_checked_by_name_before_anything_opens(tmp_path, url, s
     with pytest.raises((ValueError, TypeError), match=named):
         tier_config(url, **settings)
     assert not (tmp_path / "never").exists()
+
+
+def test_a_directory_bound_takes_a_unit_wherever_it_is_given(tmp_path):
+    """`500GiB` in a URL's query, a keyword or a JSON configuration: the same bytes as the int."""
+    for url, settings in [
+        (f"dir:{tmp_path}?bytes_to_use=1.5MiB", {}),
+        (f"file://{tmp_path}", {"bytes_to_use": "1536 kib"}),
+        (f"dir:{tmp_path}?bytes_to_use=1572864", {}),
+        (f"dir:{tmp_path}", {"bytes_to_use": 1572864}),
+    ]:
+        assert tier_config(url, **settings).backend.bytes_to_use == 1572864
+        tier = open_tier(url, pool(1, 5), namespace(), **settings)
+        assert tier.backend.settings.bytes_to_use == 1572864
+        tier.close()
+
+
+def test_byte_sizes_are_whole_bytes_with_or_without_a_unit():
+    assert byte_size("b", "2MiB") == byte_size("b", " 2097152 ") == byte_size("b", 2 << 20)
+    assert byte_size("b", "4.1MB") == 4_100_000 and byte_size("b", np.int64(7)) == 7
+    for bad in ("0", "0.5", "2 apples", "-1", "", "1e3", "inf"):
+        with pytest.raises(ValueError, match=f"^b: got '{bad}'"):
+            byte_size("b", bad)
+    for bad in (0, -1, 1.5, True, None, b"2MiB"):
+        with pytest.raises(ValueError, match="^b must be a positive int of bytes"):
+            byte_size("b", bad)
 
 
 def test_a_backend_whose_chunk_size_is_not_the_rows_is_refused_at_construction(tmp_path):

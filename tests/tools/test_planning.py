@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from numbakv.checks import whole_bytes
 from numbakv.tools.replay.command import main
 from numbakv.tools.replay.core import replay
-from numbakv.tools.replay.planning import Capacity, bytes_label, parse_block_bytes, parse_capacity
+from numbakv.tools.replay.planning import Capacity, bytes_label, parse_capacity
 from numbakv.tools.traces import read_hash_chains, write_trace
 from numbakv.tools.workloads.core import mixed_traffic
 
@@ -35,12 +36,12 @@ def test_parse_capacity() -> None:
             parse_capacity(bad, block_bytes=2048)
 
 
-def test_parse_block_bytes_and_labels() -> None:
-    assert parse_block_bytes("2097152") == parse_block_bytes("2MiB") == 2**21
-    assert parse_block_bytes("4.1MB") == 4_100_000 and parse_block_bytes("16.1kB") == 16_100
+def test_block_bytes_and_labels() -> None:
+    assert whole_bytes("2097152") == whole_bytes("2MiB") == 2**21
+    assert whole_bytes("4.1MB") == 4_100_000 and whole_bytes("16.1kB") == 16_100
     for bad in ("0", "0.5", "2 apples", "-1"):
         with pytest.raises(ValueError, match="got"):
-            parse_block_bytes(bad)
+            whole_bytes(bad)
     assert (bytes_label(64 * 2**20), bytes_label(3000)) == ("64 MiB", "3,000 bytes")
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from numbakv.checks import positive
+from numbakv.checks import byte_size
 from numbakv.tiers import parse_tier_url, tier_config
 from numbakv.tiers.registry import DISK
 
@@ -74,7 +74,7 @@ def backend_settings(extra_config: Mapping[str, Any] | None) -> BackendSettings:
     if interface_v1 not in (0, 1):  # True and False are 1 and 0
         raise ValueError(f"interface_v1 must be 0 or 1, got {interface_v1!r}")
     staging = config.get("staging_bytes", DEFAULT_STAGING_BYTES)
-    staging = positive("staging_bytes", staging, integer=True, unit="bytes")
+    staging = byte_size("staging_bytes", staging)
     tier_settings = {key: config[key] for key in set(config) - {*SGLANG_KEYS, *OWN_KEYS}}
     tier_config(tier, **tier_settings)  # every tier key and value, checked by name
     return BackendSettings(tier, tier_settings, bool(interface_v1), staging)
@@ -88,5 +88,5 @@ def tier_share(settings: BackendSettings, shares: int) -> tuple[str, dict[str, A
     if parsed.kind is not DISK:
         return settings.tier, settings.tier_settings
     every = {**parsed.settings, **settings.tier_settings}
-    every["bytes_to_use"] = every["bytes_to_use"] // shares
+    every["bytes_to_use"] = byte_size("bytes_to_use", every["bytes_to_use"]) // shares
     return "dir:", every

@@ -7,7 +7,7 @@
 numbakv's tiers below host memory are vLLM secondary tiers of its own `TieringOffloadingSpec`, by
 the same module path: `{"type": "NumbaKVRedisTier", "module_path": "numbakv.integrations.vllm",
 "url": "redis://host:6379/0"}` or `{"type": "NumbaKVDiskTier", ..., "root_dir": "/mnt/nvme/kv",
-"bytes_to_use": 1099511627776}` in `secondary_tiers` (docs/TIERS.md).
+"bytes_to_use": "1TiB"}` in `secondary_tiers` (docs/TIERS.md).
 
 The spec and the tiers are imported on first access, so `.tensors` (vLLM's canonical KV tensors as
 the arrays of the worker's transfer core, `numbakv.datapath.chunks`; it needs torch, not vLLM)

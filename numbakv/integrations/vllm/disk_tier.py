@@ -1,7 +1,7 @@
 """`NumbaKVDiskTier`: numbakv's disk tier as a secondary tier of vLLM's tiering spec.
 
     "secondary_tiers": [{"type": "NumbaKVDiskTier", "module_path": "numbakv.integrations.vllm",
-                         "root_dir": "/mnt/nvme/kv", "bytes_to_use": 1099511627776}]
+                         "root_dir": "/mnt/nvme/kv", "bytes_to_use": "1TiB"}]
 
 Chunk files under `root_dir`, at most `bytes_to_use` of them, evicted by `cache_policy` (any
 numbakv policy; "lru" by default); engines pointed at one directory share their chunks. Evictions

@@ -75,10 +75,10 @@ def tier_probe_error(spec: str, namespace: Namespace, chunk_bytes: int) -> str |
 
 def describe_tier(spec: str) -> str:
     """The tier as the report names it: its URL (no password) and the bound the demo gave it."""
-    settings = {**parse_tier_url(spec).settings, **demo_settings(spec)}
-    if "ttl_s" in settings:
-        return f"{redacted(spec)}, values expire after {settings['ttl_s']:g} s"
-    return f"{redacted(spec)}, at most {settings['bytes_to_use']:,} bytes"
+    config = tier_config(spec, **demo_settings(spec))
+    if config.kind is DISK:
+        return f"{redacted(spec)}, at most {config.backend.bytes_to_use:,} bytes"
+    return f"{redacted(spec)}, values expire after {config.backend.ttl_s:g} s"
 
 
 def tier_failure(report: Any) -> str | None:

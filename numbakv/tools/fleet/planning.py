@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from numbakv.checks import BYTE_UNITS
 from numbakv.tools.fleet.core import FleetConfig, FleetResult
 from numbakv.tools.plots import Line, plot_hit_ratio_lines
-from numbakv.tools.replay.planning import BYTE_UNITS, Capacity, bytes_label
+from numbakv.tools.replay.planning import Capacity, bytes_label
 
 NONE = Capacity(0)  # a tier the fleet does not have
 

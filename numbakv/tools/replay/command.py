@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from numbakv.checks import whole_bytes
 from numbakv.policies import POLICIES, resolve_policy
 from numbakv.tools.cli import (
     Interrupted,
@@ -43,7 +44,6 @@ from numbakv.tools.replay.planning import (
     Capacity,
     bytes_label,
     format_table,
-    parse_block_bytes,
     parse_capacity,
     plot_hit_ratios,
 )
@@ -134,7 +134,7 @@ def _parser() -> Parser:
 
 def _block_bytes(text: str) -> int:
     try:
-        return parse_block_bytes(text)
+        return whole_bytes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

@@ -3,31 +3,16 @@ or a plot, in the units the capacities were given in."""
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from numbakv.checks import BYTE_UNITS, parse_size
 from numbakv.tools.plots import Line, plot_hit_ratio_lines
 from numbakv.tools.replay.belady import BELADY
 from numbakv.tools.replay.core import ReplayResult
 
-# Unit spellings as printed; parsing ignores case ("64gib" is 64 GiB).
-BYTE_UNITS = {
-    "B": 1,
-    "kB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KiB": 2**10,
-    "MiB": 2**20,
-    "GiB": 2**30,
-    "TiB": 2**40,
-}
 MAX_BLOCKS = 2**63 - 1  # host block ids are int64
-_BY_CASE = {unit.upper(): unit for unit in BYTE_UNITS}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 BELADY_NOTE = (
     "belady: Belady's MIN, the clairvoyant bound: it knows every future request, "
     "so no real policy can beat it"
@@ -50,26 +35,6 @@ class Capacity:
     def size_bytes(self) -> float:
         """The size asked for, in bytes (0 for a capacity given in blocks)."""
         return float(self.number) * BYTE_UNITS[self.unit] if self.unit else 0.0
-
-
-def parse_size(text: str, what: str) -> tuple[str, str]:
-    """(number, unit) of `10000` (unit "") or `64GiB`; ValueError saying what `what` expects."""
-    match = _SIZE.match(text)
-    if match is None or not math.isfinite(float(match.group(1))):
-        raise ValueError(f"got {text!r}, expected {what}")
-    number, unit = match.groups()
-    if unit and unit.upper() not in _BY_CASE:
-        raise ValueError(f"got {text!r}: unit {unit!r} is not one of {', '.join(BYTE_UNITS)}")
-    return number, _BY_CASE.get(unit.upper(), "")
-
-
-def parse_block_bytes(text: str) -> int:
-    """Bytes of one KV block: `2097152` or `2MiB`."""
-    number, unit = parse_size(text, "a whole number of bytes (2097152) or a size (2MiB)")
-    size = Fraction(number) * BYTE_UNITS[unit or "B"]  # exact: 4.1MB is 4,100,000 bytes
-    if size < 1 or size.denominator != 1:
-        raise ValueError(f"got {text!r}, expected a whole number of bytes >= 1")
-    return int(size)
 
 
 def parse_capacity(text: str, block_bytes: int | None = None) -> Capacity:

@@ -177,14 +177,17 @@ def test_mla_pages_are_shared_by_every_rank_and_tp_size(tmp_path):
 
 
 def bounded_at_four_files(tmp_path) -> dict:
-    """An extra config whose directory keeps four page files in all."""
+    """An extra config whose directory keeps four page files in all (the bound written with a
+    unit, as a user may write it)."""
     probe = backend(
         storage_config({"tier": f"dir:{tmp_path / 'probe'}", "bytes_to_use": 1 << 30}),
         host_pool("page_first"),
     )
     file_bytes = probe.pages._shards[0].tier.backend.file_bytes
     probe.close()
-    return {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": 4 * file_bytes, "interface_v1": 1}
+    assert file_bytes % 1024 == 0
+    bound = f"{4 * file_bytes // 1024}KiB"
+    return {"tier": f"dir:{tmp_path / 'kv'}", "bytes_to_use": bound, "interface_v1": 1}
 
 
 def store_four_pages_two_a_batch(storage, pool, first_key: int) -> None:
@@ -328,6 +331,7 @@ def test_get_stats_gives_each_batchs_pages_once(tmp_path):
         ({"tier": "dir:{tmp}", "bytes_to_use": 1 << 20, "ttl_s": 5}, "'ttl_s'"),
         ({"tier": "dir:{tmp}", "bytes_to_use": 1 << 20, "interface_v1": 2}, "interface_v1"),
         ({"tier": "dir:{tmp}", "bytes_to_use": 1 << 20, "staging_bytes": 0}, "staging_bytes"),
+        ({"tier": "dir:{tmp}", "bytes_to_use": "1MiB", "staging_bytes": "2 MiBs"}, "staging_bytes"),
         ({"tier": "dir:{tmp}", "bytes_to_use": -1}, "bytes_to_use"),
         ({"tier": "dir:{tmp}"}, "bytes_to_use"),
         ({"tier": "redis://127.0.0.1:1/0", "lookup_deadline_s": "soon"}, "lookup_deadline_s"),

@@ -181,6 +181,7 @@ def test_a_damaged_file_is_a_failed_promotion_then_a_miss(tmp_path):
     [
         ({"root": "/x"}, "'root'"),
         ({"bytes_to_use": 10}, "bytes_to_use"),
+        ({"bytes_to_use": "1 TiBs"}, "bytes_to_use: got '1 TiBs': unit 'TiBs'"),
         ({"root_dir": ""}, "root_dir"),
         ({"cache_policy": "fifo"}, "fifo"),
         ({"root_dir": None}, "root_dir"),
@@ -202,13 +203,14 @@ def test_the_documented_combination_numbakvs_policy_above_numbakvs_disk_tier(tmp
         "cpu_bytes_to_use": 8 * CHUNK_BYTES,
         "eviction_policy": "sarc",
         "cache_policy_module_path": "numbakv.integrations.vllm.policies",
-        "secondary_tiers": [disk_tier(tmp_path)],
+        "secondary_tiers": [disk_tier(tmp_path, bytes_to_use=f"{64 * FILE_BYTES // 1024}KiB")],
     }
     config = offloading_config(extra, worker_kv_bytes_per_block=CHUNK_BYTES)
     spec = TieringOffloadingSpec(dataclasses.replace(config, engine_id="combination"))
     manager = spec.get_manager()
     assert isinstance(manager.primary_tier._policy, SightingARCCachePolicy)
     assert isinstance(manager.secondary_tiers[0], NumbaKVDiskTier)
+    assert manager.secondary_tiers[0].tier.backend.capacity_files == 64
     keys = keys_of("c", 12)  # more than the CPU tier holds: the first ones live on disk only
     for start in range(0, 12, 4):
         store(spec, f"r{start}", keys[start : start + 4])
