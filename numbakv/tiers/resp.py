@@ -18,6 +18,7 @@ import math
 import socket
 import struct
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
 from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError
@@ -33,11 +34,16 @@ SEND_BYTES = 4 << 20
 """Bytes of commands written by one system call: about what the kernel's send buffer holds (4 MiB
 by default on Linux), so the server has the last group to read while the next is packed."""
 _REDIRECTS = {b"MOVED": MovedError, b"ASK": AskError}
+_ONE_LINE = frozenset(b":+-_#")
+"""The first bytes of the replies that are one line: an integer, a status, an error, RESP3's null
+and boolean."""
+_INTEGER = ord(":")
 
 
-def command(*arguments: bytes) -> list[bytes]:
-    """A command of small arguments, packed into one buffer."""
-    return [b"*%d\r\n%s" % (len(arguments), _bulk_strings(arguments))]
+def command(name: bytes, key: bytes) -> list[bytes]:
+    """`name key` (EXISTS, GET, DEL) as one buffer, packed by one format: a lookup packs one a
+    chunk while the engine waits."""
+    return [b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(name), name, len(key), key)]
 
 
 def set_command(key: bytes, header: bytes, payload: memoryview, ttl_ms: int | None) -> list:
@@ -67,15 +73,16 @@ def send(
     lazy: the next group is then packed (a store's checksums taken) while the server still reads
     the last one out of the socket's buffer. The server has `step_s` to take each group (None:
     no bound but the socket's own timeout, which bounds one system call)."""
-    group: list[memoryview] = []
+    group: list[bytes | memoryview] = []
     size = 0
     for buffers in commands:
         for buffer in buffers:
-            view = memoryview(buffer)
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
-            group.append(view)
-            size += view.nbytes
+            if type(buffer) is not bytes:  # a row: its bytes, whatever its items
+                buffer = memoryview(buffer)
+                if buffer.format != "B" or buffer.ndim != 1:
+                    buffer = buffer.cast("B")
+            group.append(buffer)
+            size += len(buffer)
         if size >= SEND_BYTES:
             _send_all(sock, group, _deadline(step_s))
             group, size = [], 0
@@ -83,10 +90,12 @@ def send(
         _send_all(sock, group, _deadline(step_s))
 
 
-def _send_all(sock: socket.socket, views: list[memoryview], deadline: float = math.inf) -> None:
-    """Write every view, in order, by `deadline` (time.monotonic()'s): `sendmsg` where the socket
-    takes it (a plain one), IOV_MAX views a call, resuming where the kernel stopped; `sendall` each
-    on a TLS socket."""
+def _send_all(
+    sock: socket.socket, views: list[bytes | memoryview], deadline: float = math.inf
+) -> None:
+    """Write every buffer (bytes, or a view of bytes), in order, by `deadline`
+    (time.monotonic()'s): `sendmsg` where the socket takes it (a plain one), IOV_MAX buffers a
+    call, resuming where the kernel stopped; `sendall` each on a TLS socket."""
     if not _plain(sock):
         for view in views:
             sock.sendall(view)
@@ -97,7 +106,7 @@ def _send_all(sock: socket.socket, views: list[memoryview], deadline: float = ma
         sent = sock.sendmsg(views[first : first + IOV_MAX])
         _check(deadline, "take a group of commands")
         while sent and first < len(views):
-            size = views[first].nbytes
+            size = len(views[first])
             if sent < size:
                 views[first] = views[first][sent:]
                 break
@@ -138,37 +147,33 @@ class Replies:
         self._buffer = bytearray(BUFFER_BYTES)
         self._view = memoryview(self._buffer)
         self._start = self._end = 0  # what was read and not yet taken
+        self._parsed: deque[object] = deque()  # one-line replies taken ahead, in order
 
     def reply(self) -> object:
         """The next reply: bytes for a status or a bulk string, an int, None for a null, an
         exception instance for an error (redis-py's class for a cluster's redirect)."""
+        if self._parsed:
+            return self._parsed.popleft()
         self._deadline = _deadline(self._step_s)
         line = self._line()
-        kind, body = line[:1], line[1:]
-        if kind == b"$":
-            length = int(body)
+        if line[:1] == b"$":
+            length = int(line[1:])
             if length < 0:
                 return None
             value = bytearray(length)
             self._read_into(memoryview(value))
             self._skip_crlf()
             return bytes(value)
-        if kind == b":":
-            return int(body)
-        if kind == b"+":
-            return body
-        if kind == b"-":
-            return _error(body)
-        if kind == b"_":
-            return None
-        if kind == b"#":
-            return body == b"t"
-        raise ConnectionError(f"unexpected reply from the server: {line[:40]!r}")
+        answer = _one_line_reply(line)
+        self._parse_ahead()
+        return answer
 
     def value_into(self, header_bytes: int, payload: memoryview) -> object:
         """The next reply, a bulk string read into place: its first `header_bytes` as the
         header, then at most `payload.nbytes` into `payload`, the rest dropped. A StoredValue
         (the header and how many bytes followed it), None for a null, or an error instance."""
+        if self._parsed:  # a one-line reply (an error) where a value was asked for
+            return self._parsed.popleft()
         self._deadline = _deadline(self._step_s)
         line = self._line()
         if line[:1] != b"$":
@@ -184,6 +189,19 @@ class Replies:
         self._drop(body - min(body, payload.nbytes))
         self._skip_crlf()
         return StoredValue(bytes(header), body)
+
+    def _parse_ahead(self) -> None:
+        """Take every whole one-line reply read already, up to the first bulk one: the replies of
+        a pipeline of EXISTS, DEL or SET are then parsed in one pass, not a call each."""
+        if self._start == self._end or self._buffer[self._start] not in _ONE_LINE:
+            return
+        lines = bytes(self._view[self._start : self._end]).split(b"\r\n")
+        del lines[-1]  # what follows the last CRLF: part of a reply, or nothing
+        for line in lines:
+            if not line or line[0] not in _ONE_LINE:
+                return
+            self._parsed.append(int(line[1:]) if line[0] == _INTEGER else _one_line_reply(line))
+            self._start += len(line) + 2
 
     def _line(self) -> bytes:
         while True:
@@ -240,6 +258,21 @@ class Replies:
         if self._view[self._start : self._start + 2] != b"\r\n":
             raise ConnectionError("a bulk reply did not end where its length said")
         self._start += 2
+
+
+def _one_line_reply(line: bytes) -> object:
+    kind, body = line[:1], line[1:]
+    if kind == b":":
+        return int(body)
+    if kind == b"+":
+        return body
+    if kind == b"-":
+        return _error(body)
+    if kind == b"_":
+        return None
+    if kind == b"#":
+        return body == b"t"
+    raise ConnectionError(f"unexpected reply from the server: {line[:40]!r}")
 
 
 def _deadline(step_s: float | None) -> float:
