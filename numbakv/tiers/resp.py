@@ -37,7 +37,6 @@ _REDIRECTS = {b"MOVED": MovedError, b"ASK": AskError}
 _ONE_LINE = frozenset(b":+-_#")
 """The first bytes of the replies that are one line: an integer, a status, an error, RESP3's null
 and boolean."""
-_INTEGER = ord(":")
 
 
 def command(name: bytes, key: bytes) -> list[bytes]:
@@ -192,7 +191,8 @@ class Replies:
 
     def _parse_ahead(self) -> None:
         """Take every whole one-line reply read already, up to the first bulk one: the replies of
-        a pipeline of EXISTS, DEL or SET are then parsed in one pass, not a call each."""
+        a pipeline of EXISTS, DEL or SET are then split out of the buffer at once, not searched
+        for, under a deadline, one `reply` at a time."""
         if self._start == self._end or self._buffer[self._start] not in _ONE_LINE:
             return
         lines = bytes(self._view[self._start : self._end]).split(b"\r\n")
@@ -200,7 +200,7 @@ class Replies:
         for line in lines:
             if not line or line[0] not in _ONE_LINE:
                 return
-            self._parsed.append(int(line[1:]) if line[0] == _INTEGER else _one_line_reply(line))
+            self._parsed.append(_one_line_reply(line))
             self._start += len(line) + 2
 
     def _line(self) -> bytes:
@@ -261,6 +261,7 @@ class Replies:
 
 
 def _one_line_reply(line: bytes) -> object:
+    """The reply a line without a bulk value is (`line` without its CRLF)."""
     kind, body = line[:1], line[1:]
     if kind == b":":
         return int(body)
