@@ -1,15 +1,19 @@
 """Bandwidth of the tiers below host memory, against what their store delivers without them.
 
-Each row source (`ROW_SOURCES`) moves the same chunks, the rows of one page-aligned host pool of
-random bytes (as pinned host memory is), to its store and back, in jobs of `--job-chunks` chunks,
-and reports GB/s per direction (median of `--repeats` rounds, each into a fresh directory; the
-sources' runs alternate within a round, in a new order each round):
+Each row source (`ROW_SOURCES`) moves the same chunks of random bytes, the rows of a page-aligned
+host pool, to its store and back, in jobs of `--job-chunks` chunks, and reports GB/s per direction
+(median of `--repeats` rounds, each into a fresh directory; the sources' runs alternate within a
+round, in a new order each round). Two pools hold the same bytes: numbakv's `HostPool` (the
+memory its offloader gives its tiers: its own, with transparent huge pages where the kernel gives
+them) and a plain one, a shared mapping of small pages as vLLM 0.32 maps its CPU tier in /dev/shm.
 - `dd`: one file of the same bytes, `oflag=direct` / `iflag=direct`, bs = one chunk: what the
   file system delivers to one sequential stream with the page cache bypassed;
-- `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk);
-- `vllm-fs`: vLLM 0.32's `FileSystemTierManager` on the same pool and chunks, its C I/O where
-  built (run with vLLM installed; left out otherwise), as many threads as numbakv's: half of
-  them load-first and half store-first (each group takes the other's work when it has none);
+- `numbakv-disk`: `ChunkTier` over `DiskBackend` (header, XXH3-64 and rename per chunk) on
+  numbakv's `HostPool`; `numbakv-disk-plain` the same on the plain pool;
+- `vllm-fs`: vLLM 0.32's `FileSystemTierManager` on the plain pool, its C I/O where built (run
+  with vLLM installed; left out otherwise), as many threads as numbakv's: half of them load-first
+  and half store-first (each group takes the other's work when it has none); `vllm-fs-huge` the
+  same on numbakv's `HostPool`, which shows what the tiers' code makes of the same memory;
 - `lmcache-disk`: LMCache 0.5.6's `LocalDiskBackend` with O_DIRECT, as many I/O threads, on
   chunks of the same size in its own memory (run with `--lmcache-python`, the Python of an
   environment with LMCache: benchmarks/lmcache_baseline.py; left out otherwise).
@@ -47,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmcache_baseline import LMCacheBaseline
 from rounds import by_round
 
+from numbakv.datapath import HostPool
 from numbakv.tiers import Namespace, open_tier
 
 FULL = {"chunk_bytes": 2 << 20, "chunks": 512, "job_chunks": 16, "threads": 8, "repeats": 3}
@@ -55,9 +60,11 @@ SMOKE = {"chunk_bytes": 64 << 10, "chunks": 32, "job_chunks": 4, "threads": 2, "
 
 @dataclass
 class Setup:
-    """What every row source moves: `pool` (one chunk a row), into fresh directories under `root`."""
+    """What every row source moves: the rows of `pool` (plain memory) or of `host_pool` (numbakv's
+    `HostPool`), the same bytes, one chunk a row, into fresh directories under `root`."""
 
     pool: np.ndarray
+    host_pool: np.ndarray
     root: Path
     job_chunks: int
     threads: int
@@ -108,18 +115,19 @@ def _dd(*operands: str) -> float:
     return float(re.search(r"copied, ([0-9.e+-]+) s", finished.stderr).group(1))
 
 
-def numbakv_disk_run(setup: Setup) -> dict[str, float]:
-    """ChunkTier over DiskBackend: every job submitted at once, timed until the last finishes."""
+def numbakv_disk_run(setup: Setup, pool: np.ndarray) -> dict[str, float]:
+    """ChunkTier over DiskBackend on `pool`: every job submitted at once, timed until the last
+    finishes."""
     namespace = Namespace("bench", "", "uint8", 16, 1, 1, 1, 1, setup.chunk_bytes, "bench")
     keys = [uuid.uuid4().bytes for _ in range(len(setup.pool))]
     directory = setup.fresh_directory("numbakv")
     url = f"{directory.as_uri()}?bytes_to_use={2 * setup.nbytes}&io_threads={setup.threads}"
-    tier = open_tier(url, setup.pool, namespace)
-    stored = setup.pool.copy()
+    tier = open_tier(url, pool, namespace)
+    stored = pool.copy()
     seconds = {}
     for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
         if direction == "load":
-            setup.pool[:] = 0
+            pool[:] = 0
         started = time.perf_counter()
         for number, rows in enumerate(setup.jobs()):
             submit(number, [keys[row] for row in rows], rows)
@@ -127,14 +135,14 @@ def numbakv_disk_run(setup: Setup) -> dict[str, float]:
         seconds[direction] = time.perf_counter() - started
         if not all(job.success for job in tier.take_finished()):
             raise RuntimeError(f"numbakv-disk: a {direction} job failed")
-    _check_loaded(setup.pool, stored, "numbakv-disk")
+    _check_loaded(pool, stored, "numbakv-disk")
     tier.close()
     shutil.rmtree(directory)
     return seconds
 
 
-def vllm_fs_run(setup: Setup) -> dict[str, float]:
-    """vLLM 0.32's FileSystemTierManager over the same pool, driven as its tiering manager does."""
+def vllm_fs_run(setup: Setup, pool: np.ndarray) -> dict[str, float]:
+    """vLLM 0.32's FileSystemTierManager over `pool`, driven as its tiering manager does."""
     try:
         from vllm.v1.kv_offload.base import ReqContext, make_offload_key
         from vllm.v1.kv_offload.tiering.base import TransferJob
@@ -154,17 +162,17 @@ def vllm_fs_run(setup: Setup) -> dict[str, float]:
     directory = setup.fresh_directory("vllm")
     tier = FileSystemTierManager(
         spec,
-        memoryview(setup.pool),
+        memoryview(pool),
         "fs",
         root_dir=str(directory),
         n_read_threads=max(1, setup.threads // 2),
         n_write_threads=max(1, setup.threads // 2),
     )
-    stored = setup.pool.copy()
+    stored = pool.copy()
     seconds = {}
     for direction, submit in (("store", tier.submit_store), ("load", tier.submit_load)):
         if direction == "load":
-            setup.pool[:] = 0
+            pool[:] = 0
         jobs = setup.jobs()
         started = time.perf_counter()
         for number, rows in enumerate(jobs):
@@ -177,7 +185,7 @@ def vllm_fs_run(setup: Setup) -> dict[str, float]:
         seconds[direction] = time.perf_counter() - started
         if not all(result.success for result in results):
             raise RuntimeError(f"vllm-fs: a {direction} job failed")
-    _check_loaded(setup.pool, stored, "vllm-fs")
+    _check_loaded(pool, stored, "vllm-fs")
     tier.shutdown()
     shutil.rmtree(directory)
     return seconds
@@ -203,8 +211,10 @@ def _check_loaded(loaded: np.ndarray, stored: np.ndarray, source: str) -> None:
 
 ROW_SOURCES: dict[str, Callable[[Setup], dict[str, float]]] = {
     "dd": dd_run,
-    "numbakv-disk": numbakv_disk_run,
-    "vllm-fs": vllm_fs_run,
+    "numbakv-disk": lambda setup: numbakv_disk_run(setup, setup.host_pool),
+    "numbakv-disk-plain": lambda setup: numbakv_disk_run(setup, setup.pool),
+    "vllm-fs": lambda setup: vllm_fs_run(setup, setup.pool),
+    "vllm-fs-huge": lambda setup: vllm_fs_run(setup, setup.host_pool),
     "lmcache-disk": lmcache_disk_run,
 }
 """One run of each source: seconds per direction. The runs of all sources alternate, so a busy
@@ -239,11 +249,15 @@ def measure(setup: Setup, sources: list[str]) -> list[dict]:
     return rows
 
 
-def aligned_random_pool(chunks: int, chunk_bytes: int) -> np.ndarray:
-    memory = mmap.mmap(-1, chunks * chunk_bytes)
-    pool = np.frombuffer(memory, np.uint8).reshape(chunks, chunk_bytes)
-    pool[:] = np.random.default_rng(0).integers(0, 256, pool.shape, dtype=np.uint8)
-    return pool
+def random_pools(chunks: int, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The plain pool (a shared mapping of small pages, as vLLM maps its CPU tier) and the rows of
+    numbakv's `HostPool`, holding the same random bytes."""
+    plain = np.frombuffer(mmap.mmap(-1, chunks * chunk_bytes), np.uint8)
+    plain = plain.reshape(chunks, chunk_bytes)
+    plain[:] = np.random.default_rng(0).integers(0, 256, plain.shape, dtype=np.uint8)
+    host_pool = HostPool(chunks, chunk_bytes).blocks
+    host_pool[:] = plain
+    return plain, host_pool
 
 
 def with_dd_share(rows: list[dict]) -> list[dict]:
@@ -269,7 +283,7 @@ def with_numbakv_by_round(rows: list[dict]) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'source':<14} {'direction':<9} {'chunk':>9} {'chunks':>7} {'GB/s':>7} {'vs dd':>7}"
+        f"{'source':<18} {'direction':<9} {'chunk':>9} {'chunks':>7} {'GB/s':>7} {'vs dd':>7}"
         f"   numbakv / this, by round (rounds ahead)"
     )
     for r in rows:
@@ -281,7 +295,7 @@ def print_table(rows: list[dict]) -> None:
                 f"({r['rounds numbakv ahead']} of {len(r['runs_GB/s'])})"
             )
         print(
-            f"{r['source']:<14} {r['direction']:<9} {r['chunk_bytes']:>9,} {r['chunks']:>7}"
+            f"{r['source']:<18} {r['direction']:<9} {r['chunk_bytes']:>9,} {r['chunks']:>7}"
             f" {r['GB/s']:>7.2f} {share:>7}   {paired}"
         )
 
@@ -323,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="tier-bandwidth-", dir=args.dir.resolve()))
     lmcache = LMCacheBaseline(args.lmcache_python) if args.lmcache_python else None
     try:
+        pool, host_pool = random_pools(settings["chunks"], settings["chunk_bytes"])
         setup = Setup(
-            pool=aligned_random_pool(settings["chunks"], settings["chunk_bytes"]),
+            pool=pool,
+            host_pool=host_pool,
             root=root,
             job_chunks=settings["job_chunks"],
             threads=settings["threads"],

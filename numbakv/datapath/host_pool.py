@@ -2,12 +2,18 @@
 
 Mapped (zero-copy) memory lets the transfer kernels read and write host blocks directly over the
 link; one allocation means one pinning cost, paid once, and a host block is one contiguous byte
-range that a later disk or network tier can write as is. A pool can also be one copy that the
-processes of a node share (`shared=`): each maps the same pages for its own device.
+range that a later disk or network tier can write as is. A pool of this process's own is asked for
+transparent huge pages: a 2 MiB chunk then lies in one or two physically contiguous pieces, which
+a disk tier's O_DIRECT read fills in one request where 512 small pages take several (the block
+layer caps the pieces of one request), with a fraction of the page pinning per read. A pool can also
+be one copy that the processes of a node share (`shared=`): each maps the same pages for its own
+device (a memory file system's pages, small unless the system gives its shared memory huge ones).
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import time
 import weakref
@@ -15,12 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba import cuda
 
 from numbakv.checks import positive
 from numbakv.datapath._device import (
     CudaAPIError,
-    array_interface,
     current_device_id,
     map_host,
     word_view,
@@ -32,9 +36,8 @@ from numbakv.datapath.shared_memory import SHARED_DIR, SharedHostMemory
 class HostPool:
     """`num_blocks` host blocks of `block_bytes` each, in one allocation mapped for the device.
 
-    The pool belongs to the CUDA device current when it was made (`device`): Numba maps it for
-    that context only (`mapped_array` ignores `portable`), so transfer engines of other devices
-    refuse it.
+    The pool belongs to the CUDA device current when it was made (`device`): it is pinned and
+    mapped for that context only, so transfer engines of other devices refuse it.
 
     `shared`: the path of host memory that the node's processes share (`SharedHostMemory`), in
     place of an allocation of this process's own. Every process that opens the same path with the
@@ -61,10 +64,10 @@ class HostPool:
         self.device = current_device_id()
         started = time.perf_counter()
         if shared is None:
-            mapped = cuda.mapped_array((self.num_blocks, self.block_bytes), dtype=np.uint8)
-            self._host = np.asarray(getattr(mapped, "_ary", mapped)).view(np.ndarray)
-            self._device_address = array_interface(mapped)["data"][0]
-            self._memory: Any = mapped
+            memory = _private_memory(self.nbytes)
+            self._host = np.frombuffer(memory, np.uint8).reshape(self.num_blocks, self.block_bytes)
+            self._device_address, registration = map_host(self._host)
+            self._memory: Any = (memory, registration)  # unpinned before unmapped (last first)
         else:
             self._map_shared(shared, barrier)
         self.pin_seconds: float = time.perf_counter() - started
@@ -115,3 +118,15 @@ class HostPool:
     def words(self, word: np.dtype) -> Any:
         """The pool as a flat kernel argument of `word`s (the device side of the same memory)."""
         return word_view(self.address, self.nbytes, word, owner=self._memory)
+
+
+def _private_memory(nbytes: int) -> mmap.mmap:
+    """`nbytes` of this process's own memory, page-aligned, backed by transparent huge pages where
+    the kernel has them to give (`madvise` mode or `always`; small pages otherwise), and left out
+    of a forked child: the kernel copies a pinned private page at a fork, which for a pool would
+    be a copy of every GiB of it (and a forked child cannot use CUDA anyway)."""
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    memory.madvise(mmap.MADV_DONTFORK)
+    with contextlib.suppress(OSError):  # a kernel built without huge pages: small pages
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    return memory
