@@ -23,7 +23,7 @@ from numbakv.manager import CPUOffloadingManager
 from numbakv.tiers import TierOpenError, open_tier
 from numbakv.tiers import disk as disk_module
 from numbakv.tiers.chunk_format import HEADER_BYTES, encode_header
-from numbakv.tiers.disk import ALIGNMENT, DiskBackend, DiskSettings
+from numbakv.tiers.disk import HEADER_ATTRIBUTE, DiskBackend, DiskSettings
 from numbakv.tools.workloads.core import multi_turn_chat
 from tests.support.disk_tier import (
     CHUNK_BYTES,
@@ -49,6 +49,22 @@ def chunk_files(backend: DiskBackend) -> list[str]:
 KEYS = [b"key-%d" % i for i in range(4)]
 
 
+def stored_header(backend: DiskBackend, path: str) -> bytes:
+    """A chunk file's header, wherever the backend keeps it."""
+    if backend.header_in_attribute:
+        return os.getxattr(path, HEADER_ATTRIBUTE)
+    with open(path, "rb") as file:
+        return file.read(HEADER_BYTES)
+
+
+def store_header(backend: DiskBackend, path: str, header: bytes) -> None:
+    if backend.header_in_attribute:
+        os.setxattr(path, HEADER_ATTRIBUTE, header)
+    else:
+        with open(path, "r+b") as file:
+            file.write(header)
+
+
 @pytest.fixture(params=["direct", "buffered"])
 def io_mode(request, monkeypatch):
     """Both ways a file system may answer O_DIRECT: taken, or refused (buffered I/O)."""
@@ -57,12 +73,22 @@ def io_mode(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["attribute", "block"])
+def header_place(request, monkeypatch):
+    """Both places a file's header may be: its extended attribute, or (a file system without
+    them) a block before the payload."""
+    if request.param == "block":
+        monkeypatch.setattr(disk_module, "_attributes_work", lambda directory: False)
+    return request.param
+
+
 @pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 5000])
 @pytest.mark.parametrize("make_pool", [aligned_pool, random_pool], ids=["aligned", "unaligned"])
-def test_store_then_load_is_byte_exact(tmp_path, io_mode, chunk_bytes, make_pool):
+def test_store_then_load_is_byte_exact(tmp_path, io_mode, header_place, chunk_bytes, make_pool):
     pool = make_pool(8, 1, chunk_bytes)
     tier = disk_tier(tmp_path, pool)
     assert tier.backend.direct_io == (io_mode == "direct")
+    assert tier.backend.header_in_attribute == (header_place == "attribute")
     tier.submit_store("s", KEYS, [0, 1, 2, 3])
     assert finished(tier)["s"].success
     assert tier.contains(KEYS + [b"absent"]) == [True] * 4 + [False]
@@ -188,25 +214,30 @@ def test_a_file_being_read_is_never_evicted(tmp_path, monkeypatch):
         ("overwrite the magic", "format"),
     ],
 )
-def test_a_damaged_file_is_never_loaded_and_is_removed(tmp_path, caplog, damage, check):
+def test_a_damaged_file_is_never_loaded_and_is_removed(
+    tmp_path, caplog, header_place, damage, check
+):
     pool = aligned_pool(4, 2)
     tier = disk_tier(tmp_path, pool)
     tier.submit_store("s", KEYS[:2], [0, 1])
     finished(tier)
     path = tier.backend._path(KEYS[0])
+    payload_at = tier.backend.payload_offset
+    header = bytearray(stored_header(tier.backend, path))
     with open(path, "r+b") as file:
         if damage == "flip a payload byte":
-            file.seek(ALIGNMENT + 1234)
+            file.seek(payload_at + 1234)
             byte = file.read(1)
-            file.seek(ALIGNMENT + 1234)
+            file.seek(payload_at + 1234)
             file.write(bytes([byte[0] ^ 1]))
         elif damage == "truncate the payload":
-            file.truncate(ALIGNMENT + CHUNK_BYTES // 2)
+            file.truncate(payload_at + CHUNK_BYTES // 2)
         elif damage == "flip a namespace byte":
-            file.seek(8)
-            file.write(b"\xff")
+            header[8] ^= 0xFF
         else:
-            file.write(b"XXXX")
+            header[:4] = b"XXXX"
+    if header != stored_header(tier.backend, path):
+        store_header(tier.backend, path, bytes(header))
     pool[2:4] = 7
     tier.submit_load("l", KEYS[:2], [2, 3])
     job = finished(tier)["l"]
@@ -254,7 +285,8 @@ def test_a_writer_killed_before_its_rename_leaves_nothing_visible(tmp_path):
     temp = writer.stdout.readline().strip()
     writer.send_signal(signal.SIGKILL)
     writer.wait()
-    assert os.path.getsize(temp) == FILE_BYTES  # the whole chunk, under its temporary name
+    whole = CHUNK_BYTES if disk_module._attributes_work(root) else FILE_BYTES
+    assert os.path.getsize(temp) == whole  # the whole chunk, under its temporary name
     tier = disk_tier(root, random_pool(1, 4), files=8)
     assert tier.contains([b"half"]) == [False]
     assert not os.path.exists(temp) and chunk_files(tier.backend) == []
@@ -276,11 +308,12 @@ def test_a_live_writers_temporary_file_is_left_alone(tmp_path, writer):
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    """A 64 KiB tmpfs mount: room for five chunk files of 12 KiB."""
+    """A 48 KiB tmpfs mount: room for six chunk files of 8 KiB (four of 12 KiB, with a header
+    block)."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount_point)],
         check=False,
         capture_output=True,
         text=True,

@@ -161,10 +161,13 @@ def test_a_damaged_file_is_a_failed_promotion_then_a_miss(tmp_path):
     writer = engine("engine-a", config)
     keys = keys_of("p", 3)
     store(writer, "writer", keys)
-    path = writer.get_manager().secondary_tiers[0].tier.backend._path(keys[1])
+    backend = writer.get_manager().secondary_tiers[0].tier.backend
+    path = backend._path(keys[1])
     with open(path, "r+b") as file:
-        file.seek(ALIGNMENT + 100)
-        file.write(b"\xff\x00")
+        file.seek(backend.payload_offset + 100)
+        byte = file.read(1)
+        file.seek(backend.payload_offset + 100)
+        file.write(bytes([byte[0] ^ 1]))
     reader = engine("engine-b", config)
     results = lookup_until_resolved(reader, "r1", keys)
     assert results[keys[1]] is not LookupResult.HIT
