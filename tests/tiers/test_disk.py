@@ -344,7 +344,7 @@ def test_a_full_file_system_refuses_stores_and_keeps_what_it_holds(small_tmpfs):
     assert finished(tier)["s2"].success
 
 
-def test_a_restart_serves_what_is_there_newest_first_within_its_bound(tmp_path):
+def test_a_restart_serves_what_is_there_newest_first_within_its_bound(tmp_path, header_place):
     pool = aligned_pool(12, 6)
     keys = [b"restart-%d" % i for i in range(6)]
     tier = disk_tier(tmp_path, pool, files=8)
@@ -368,6 +368,29 @@ def test_a_restart_serves_what_is_there_newest_first_within_its_bound(tmp_path):
     assert finished(restarted)["l"].success
     np.testing.assert_array_equal(pool[6:10], pool[2:6])
     assert restarted.counters.loaded_other == 4  # another writer: the tier before the restart
+
+
+def test_a_restart_drops_the_files_of_a_header_block_where_headers_are_attributes(
+    tmp_path, monkeypatch
+):
+    """Files written with the header in front (a file system without attributes, or a numbakv
+    before headers moved there) are of no chunk's size where headers are attributes: deleted."""
+    pool = aligned_pool(4, 8)
+    monkeypatch.setattr(disk_module, "_attributes_work", lambda directory: False)
+    before = disk_tier(tmp_path, pool)
+    before.submit_store("s", KEYS[:2], [0, 1])
+    finished(before)
+    before.close()
+    monkeypatch.undo()
+    after = disk_tier(tmp_path, pool)
+    if not after.backend.header_in_attribute:
+        pytest.skip("this file system keeps no extended attributes")
+    assert after.contains(KEYS[:2]) == [False, False] and chunk_files(after.backend) == []
+    after.submit_store("again", KEYS[:1], [0])
+    assert finished(after)["again"].success
+    after.submit_load("l", KEYS[:1], [2])
+    assert finished(after)["l"].success
+    np.testing.assert_array_equal(pool[2], pool[0])
 
 
 def test_a_directory_another_namespace_wrote_is_never_loaded(tmp_path):
