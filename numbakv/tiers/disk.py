@@ -16,6 +16,7 @@ power loss leaves half-written is a miss, never wrong bytes, and a store costs n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -24,7 +25,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
@@ -443,9 +444,8 @@ class DiskBackend(ChunkBackend):
             return None  # unreadable here (a directory at its path, another user's file)
         buffer = self._io_buffer()
         straight = not self.direct_io or _aligned_buffer(payload)
-        pieces = [payload if straight else buffer[ALIGNMENT:]]
-        if not self.header_in_attribute:
-            pieces.insert(0, buffer[:ALIGNMENT])
+        into = payload if straight else buffer[ALIGNMENT:]
+        pieces = [into] if self.header_in_attribute else [buffer[:ALIGNMENT], into]
         try:
             header = _stored_header(fd) if self.header_in_attribute else None
             got = os.preadv(fd, pieces, 0)
@@ -486,7 +486,7 @@ class DiskBackend(ChunkBackend):
                     continue  # not a chunk file, or removed meanwhile
                 if stat.st_size - self.payload_offset in (
                     self.chunk_bytes,
-                    self.file_bytes - ALIGNMENT,
+                    _aligned(self.chunk_bytes),
                 ):
                     found.append((stat.st_mtime_ns, key))
                 else:
@@ -520,39 +520,44 @@ def _aligned_buffer(buffer: memoryview) -> bool:
     return address % ALIGNMENT == 0 and buffer.nbytes % ALIGNMENT == 0
 
 
-def _direct_io_works(directory: str) -> bool:
-    """Whether O_DIRECT writes and reads work here (tmpfs and some overlay or network file
-    systems refuse them), probed with one aligned block; OSError where no file can be made here
-    at all (a read-only file system, say)."""
-    probe = os.path.join(directory, f".direct-probe.{os.getpid()}{_TEMP_SUFFIX}")
+@contextlib.contextmanager
+def _probe_file(directory: str, purpose: str) -> Iterator[str]:
+    """An empty file in `directory` to probe what its file system takes, removed afterwards;
+    OSError where no file can be made there at all (a read-only file system, say)."""
+    probe = os.path.join(directory, f".{purpose}-probe.{os.getpid()}{_TEMP_SUFFIX}")
     os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
-    block = memoryview(mmap.mmap(-1, ALIGNMENT))
     try:
-        if not hasattr(os, "O_DIRECT"):
-            return False
-        fd = os.open(probe, os.O_RDWR | os.O_DIRECT)
-        try:
-            return os.pwritev(fd, [block], 0) == ALIGNMENT == os.preadv(fd, [block], 0)
-        finally:
-            os.close(fd)
-    except OSError:
-        return False
+        yield probe
     finally:
         _remove_quietly(probe)
+
+
+def _direct_io_works(directory: str) -> bool:
+    """Whether O_DIRECT writes and reads work here (tmpfs and some overlay or network file
+    systems refuse them), probed with one aligned block."""
+    block = memoryview(mmap.mmap(-1, ALIGNMENT))
+    with _probe_file(directory, "direct") as probe:
+        if not hasattr(os, "O_DIRECT"):
+            return False
+        try:
+            fd = os.open(probe, os.O_RDWR | os.O_DIRECT)
+            try:
+                return os.pwritev(fd, [block], 0) == ALIGNMENT == os.preadv(fd, [block], 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
 
 
 def _attributes_work(directory: str) -> bool:
     """Whether files here keep user extended attributes (ext4, XFS, Btrfs and tmpfs since Linux
-    6.6 do; some network and FUSE file systems do not), probed on one file."""
-    probe = os.path.join(directory, f".attribute-probe.{os.getpid()}{_TEMP_SUFFIX}")
-    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
-    try:
-        os.setxattr(probe, HEADER_ATTRIBUTE, MAGIC)
-        return os.getxattr(probe, HEADER_ATTRIBUTE) == MAGIC
-    except (OSError, AttributeError):  # AttributeError: a platform without them
-        return False
-    finally:
-        _remove_quietly(probe)
+    6.6 do; some network and FUSE file systems do not)."""
+    with _probe_file(directory, "attribute") as probe:
+        try:
+            os.setxattr(probe, HEADER_ATTRIBUTE, MAGIC)
+            return os.getxattr(probe, HEADER_ATTRIBUTE) == MAGIC
+        except (OSError, AttributeError):  # AttributeError: a platform without them
+            return False
 
 
 def _stored_header(fd: int) -> bytes:
