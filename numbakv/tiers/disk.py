@@ -22,6 +22,7 @@ import itertools
 import logging
 import mmap
 import os
+import queue
 import threading
 import time
 from collections import Counter
@@ -245,7 +246,11 @@ class DiskBackend(ChunkBackend):
         wanted = [position for position, there in enumerate(ready) if there]
         try:
             found = self._spread(
-                lambda position: self._read_file(keys[position], payloads[position]), wanted
+                lambda position: self._read_file(keys[position], payloads[position]),
+                wanted,
+                then=lambda position, value: self._checksummed(
+                    keys[position], payloads[position], value
+                ),
             )
         finally:
             with self._lock:
@@ -361,27 +366,48 @@ class DiskBackend(ChunkBackend):
                     del self._leaving[key]
             self._changes += 1
 
-    def _spread(self, work: Callable[[int], Any], positions: list[int]) -> list:
+    def _spread(
+        self,
+        work: Callable[[int], Any],
+        positions: list[int],
+        then: Callable[[int, Any], Any] | None = None,
+    ) -> list:
         """`work(position)` for each of `positions`, on up to `stripes` threads at once, the
-        answers in order. Every call has ended when this returns or raises: the rows they read
-        into or write from go back to the caller.
+        answers in order; `then(position, answer)`, where given, on the calling thread as each
+        answer comes in, while the stripes go on with the next files. Every call has ended when
+        this returns or raises: the rows they read into or write from go back to the caller.
 
         Each stripe takes the next position as it finishes one (one task a stripe, not a task a
         file): a file costs its I/O thread no trip through the pool's queue, and the GIL fewer
-        hand-offs between reads."""
+        hand-offs between reads. A load's checksum is `then`'s: its stripe has the next read in
+        the disk's queue meanwhile, where hashing there would leave a request fewer in flight."""
         if self._stripes is None or len(positions) < 2:
-            return [work(position) for position in positions]
+            answers = [work(position) for position in positions]
+            return answers if then is None else list(map(then, positions, answers))
         answers = [None] * len(positions)
         untaken = iter(enumerate(positions))  # next() is atomic: each position is taken once
+        arrived: queue.SimpleQueue[int | None] = queue.SimpleQueue()
 
         def stripe() -> None:
-            for slot, position in untaken:
-                answers[slot] = work(position)
+            try:
+                for slot, position in untaken:
+                    answers[slot] = work(position)
+                    arrived.put(slot)
+            finally:
+                arrived.put(None)  # this stripe has ended
 
-        stripes = [
-            self._stripes.submit(stripe) for _ in range(min(self.settings.stripes, len(positions)))
-        ]
-        wait_for_futures(stripes)
+        count = min(self.settings.stripes, len(positions))
+        stripes = [self._stripes.submit(stripe) for _ in range(count)]
+        try:
+            ended = 0
+            while ended < count:
+                slot = arrived.get()
+                if slot is None:
+                    ended += 1
+                elif then is not None:
+                    answers[slot] = then(positions[slot], answers[slot])
+        finally:
+            wait_for_futures(stripes)
         for finished in stripes:
             finished.result()  # the first error, once every stripe has ended
         return answers
@@ -459,13 +485,20 @@ class DiskBackend(ChunkBackend):
             payload[:found] = buffer[ALIGNMENT : ALIGNMENT + found]
         if header is None:
             header = bytes(buffer[: min(got, HEADER_BYTES)])
+        return StoredValue(header, found)
+
+    def _checksummed(
+        self, key: bytes, payload: memoryview, value: StoredValue | BackendUnavailable | None
+    ) -> StoredValue | BackendUnavailable | None:
+        """`value` with its payload's checksum where the tier will check it: whole, and of this
+        namespace (the tier's own check names any other failure)."""
+        if not isinstance(value, StoredValue) or value.payload_bytes != payload.nbytes:
+            return value
         try:
-            ours = parse_header(header).namespace == self._namespace
+            ours = parse_header(value.header).namespace == self._namespace
         except CorruptChunk:
-            ours = False  # the tier's own check names it
-        # taken here, on this file's thread, not by the tier after the whole batch
-        digest = checksum(payload, key) if ours and found == payload.nbytes else None
-        return StoredValue(header, found, digest)
+            return value
+        return value._replace(checksum=checksum(payload, key)) if ours else value
 
     def _rebuild(self) -> None:
         """Index the chunk files already here, oldest first; drop crashed writers' temporaries

@@ -128,6 +128,35 @@ def test_a_batch_moves_on_its_stripes_byte_exact_with_repeated_keys(tmp_path, mo
     tier.close()
 
 
+def test_a_loads_checksums_are_taken_off_the_stripes_while_they_read_on(tmp_path, monkeypatch):
+    """A load's checksums run on the job's thread as files arrive, so a stripe goes straight on
+    to its next read: the batch's last read waits here until an earlier file has been hashed."""
+    hashed_on, hashed = [], threading.Event()
+    real_checksum, real_read = disk_module.checksum, DiskBackend._read_file
+
+    def checksum(payload, key=b""):
+        hashed_on.append(threading.current_thread().name)
+        hashed.set()
+        return real_checksum(payload, key)
+
+    def read_file(self, key, payload):
+        if key == KEYS[-1]:
+            assert hashed.wait(10), "no file was hashed while the stripes were still reading"
+        return real_read(self, key, payload)
+
+    pool = aligned_pool(8, 21)
+    tier = disk_tier(tmp_path, pool, stripes=2)
+    tier.submit_store("s", KEYS, [0, 1, 2, 3])
+    assert finished(tier)["s"].success
+    monkeypatch.setattr(disk_module, "checksum", checksum)
+    monkeypatch.setattr(DiskBackend, "_read_file", read_file)
+    tier.submit_load("l", KEYS, [4, 5, 6, 7])
+    assert finished(tier)["l"].success
+    np.testing.assert_array_equal(pool[4:], pool[:4])
+    assert len(hashed_on) == 4 and not any(name.startswith("numbakv-disk") for name in hashed_on)
+    tier.close()
+
+
 def lower_tier_hits(chains, policy: str, capacity: int) -> int:
     """The hits of numbakv's manager driven as a lower tier: look up, touch, store the rest."""
     manager = CPUOffloadingManager(block_size=1, num_blocks=capacity, cache_policy=policy)
