@@ -26,8 +26,9 @@ class StoredValue(NamedTuple):
     """What `read_into` found for one key: its header bytes and how many payload bytes it held.
 
     `checksum`, where given, is `chunk_format.checksum` of the payload as copied, under its key: a
-    backend that reads on threads of its own computes it there, as each value arrives, instead of
-    the tier after the whole batch.
+    backend that reads on threads of its own computes it as each value arrives (on the thread that
+    read it, or on the caller's while those threads read on), instead of the tier after the whole
+    batch.
     """
 
     header: bytes
